@@ -1,0 +1,165 @@
+"""The host side of a hostcall: context, delivery, errors, barrier."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import traceback
+from typing import Any, Callable, Sequence
+
+import jax
+import numpy as np
+
+logger = logging.getLogger("hostcall")
+
+
+class CallbackException(Exception):
+  """A host function run by a tap raised; raised by the next barrier.
+
+  The message carries the original exception's text and host traceback, and the
+  original exception is chained as ``__cause__``.
+  """
+
+
+@dataclasses.dataclass(frozen=True)
+class CallContext:
+  """What the host function may learn about the call that reached it.
+
+  Attributes:
+    transforms: the JAX transformations applied to the tapped value, outermost
+      last, as ``(name, params)`` pairs, e.g.
+      ``(('batch', {'batch_dims': (0,)}),)``.
+    device: the ``jax.Device`` whose computation made the call.
+  """
+
+  transforms: tuple[tuple[str, dict[str, Any]], ...]
+  device: Any
+
+
+class HostTarget:
+  """The host function of one call site, as the primitive carries it.
+
+  ``deliver(flat_args, context)`` turns the flat NumPy operands into what the
+  user function expects, calls it and returns flat NumPy results (an empty
+  sequence for a tap). Subclasses (one per flavour) override ``deliver``.
+
+  Instances are compared by ``key`` so that tracing the same function twice
+  reuses JAX's compilation cache.
+  """
+
+  #: Whether errors propagate into the JAX call (calls) or wait for the next
+  #: barrier (taps, whose computation does not wait for them).
+  returns_results: bool = False
+
+  def __init__(self, key: tuple):
+    self.key = key
+
+  def __hash__(self):
+    return hash(self.key)
+
+  def __eq__(self, other):
+    return type(self) is type(other) and self.key == other.key
+
+  def deliver(self, flat_args: Sequence[np.ndarray],
+              context: CallContext) -> Sequence[Any]:
+    raise NotImplementedError
+
+  def __repr__(self):
+    return f"{type(self).__name__}({self.key[0]!r})"
+
+
+class _ErrorLog:
+  """The exceptions taps raised since the last barrier."""
+
+  def __init__(self):
+    self._lock = threading.Lock()
+    self._last: tuple[BaseException, str] | None = None
+    self.count = 0
+
+  def record(self, exc: BaseException, formatted: str) -> None:
+    with self._lock:
+      self._last = (exc, formatted)
+      self.count += 1
+
+  def take(self) -> tuple[BaseException, str, int] | None:
+    with self._lock:
+      last, count = self._last, self.count
+      self._last, self.count = None, 0
+    if last is None:
+      return None
+    return (*last, count)
+
+
+errors = _ErrorLog()
+
+
+def _unpack_transforms(transforms: tuple) -> tuple:
+  # The primitive keeps transforms as hashable tuples; users see dicts.
+  unpacked = []
+  for name, *params in transforms:
+    if name == "batch":
+      unpacked.append((name, {"batch_dims": params[0]}))
+    else:
+      unpacked.append((name, {}))
+  return tuple(unpacked)
+
+
+def run(target: HostTarget, flat_args: Sequence[np.ndarray],
+        transforms: tuple, device) -> tuple:
+  """Runs ``target`` for one call reaching the host; the runtime calls this."""
+  # The runtime lends us views of device buffers that it reuses once we
+  # return; a host function that keeps its argument must keep a copy.
+  flat_args = [np.array(a, copy=True) for a in flat_args]
+  context = CallContext(_unpack_transforms(transforms), device)
+  if target.returns_results:
+    try:
+      return tuple(target.deliver(flat_args, context))
+    except BaseException as exc:
+      logger.error("hostcall: host function %r raised %s: %s", target,
+                   type(exc).__name__, exc)
+      raise
+  try:
+    target.deliver(flat_args, context)
+  except BaseException as exc:  # noqa: BLE001 - a tap must never kill the run
+    formatted = traceback.format_exc()
+    logger.error("hostcall: tap function %r raised; the next barrier will "
+                 "raise CallbackException.\n%s", target, formatted)
+    errors.record(exc, formatted)
+  return ()
+
+
+def barrier(logging_name: str | None = None) -> None:
+  """Waits until every callback started before it has run on the host.
+
+  Raises ``CallbackException`` if a tap function raised since the last
+  barrier, with the last exception's text and traceback.
+
+  Arguments:
+    logging_name: a name for this barrier in hostcall's debug log.
+
+  Example:
+    >>> import jax, hostcall
+    >>> seen = []
+    >>> _ = jax.jit(lambda x: hostcall.host_callback.id_tap(
+    ...     lambda v, tr: seen.append(int(v)), x))(3)
+    >>> hostcall.barrier()
+    >>> seen
+    [3]
+  """
+  logger.debug("barrier %s: waiting", logging_name or "")
+  jax.effects_barrier()
+  logger.debug("barrier %s: done", logging_name or "")
+  failure = errors.take()
+  if failure is not None:
+    exc, formatted, count = failure
+    raise CallbackException(
+        f"There were exceptions during callback processing ({count} since the "
+        f"last barrier). Last one was: {formatted}") from exc
+
+
+def check_callable(fn: Callable, what: str) -> None:
+  if not callable(fn):
+    raise TypeError(
+        f"{what} must be callable, got {fn!r} of type {type(fn).__name__}; "
+        "pass the function itself, e.g. `id_tap(print_fn, x)`, not its result.")

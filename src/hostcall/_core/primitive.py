@@ -1,0 +1,187 @@
+"""``hostcall_p``: the primitive under every hostcall flavour, and its rules.
+
+One equation calls one host function. Its parameters:
+
+* ``target``: the ``HostTarget`` that receives the flat operands on the host;
+* ``transforms``: the transformations applied so far, as hashable tuples
+  (``("batch", batch_dims)``), shown to the host function;
+* ``identity``: when True (a tap) the results are the operands themselves;
+  otherwise they are ``result_avals``, computed by the host;
+* ``result_avals``: the shapes and dtypes the host returns (calls only);
+* ``ordered``: whether the call is sequenced with every other ordered hostcall
+  (JAX threads a token through the program for it);
+* ``device_index``: under a global (``jit``) view of several devices, which
+  device of the computation makes the call.
+
+The rules, registered at the bottom of this file, in one place: abstract
+evaluation, eager evaluation, batching, JVP and the MLIR lowering.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Sequence
+
+import jax
+import numpy as np
+from jax.extend import core as jex_core
+from jax.extend.mlir import ir
+from jax.extend.mlir.dialects import stablehlo as hlo
+from jax.interpreters import ad, batching, mlir
+from jax.interpreters import partial_eval as pe
+
+from hostcall import _jax_private
+from hostcall._core import host
+
+hostcall_p = jex_core.Primitive("hostcall")
+hostcall_p.multiple_results = True
+
+
+class OrderedHostEffect(jex_core.Effect):
+  """Ordered hostcalls: run in program order, never elided or duplicated."""
+
+  __str__ = lambda self: "HostcallOrdered"  # noqa: E731
+
+
+class UnorderedHostEffect(jex_core.Effect):
+  """Unordered hostcalls: never elided, but free to move between each other."""
+
+  __str__ = lambda self: "Hostcall"  # noqa: E731
+
+
+ORDERED = OrderedHostEffect()
+UNORDERED = UnorderedHostEffect()
+_jax_private.register_effect(OrderedHostEffect, ordered=True)
+_jax_private.register_effect(UnorderedHostEffect, ordered=False)
+_jax_private.require_devices_during_lowering(hostcall_p)
+
+
+def bind(flat_args: Sequence, *, target: host.HostTarget, identity: bool,
+         result_avals: tuple = (), ordered: bool = True,
+         device_index: int = 0) -> list:
+  """Stages one host call of ``target`` on ``flat_args``; returns flat results."""
+  return hostcall_p.bind(
+      *flat_args, target=target, transforms=(), identity=identity,
+      result_avals=tuple(result_avals), ordered=ordered,
+      device_index=device_index)
+
+
+def _abstract_eval(*avals, identity, result_avals, ordered, **_):
+  outs = avals if identity else result_avals
+  return list(outs), {ORDERED if ordered else UNORDERED}
+
+
+@functools.lru_cache(maxsize=512)
+def _compiled(**params):
+  return jax.jit(functools.partial(hostcall_p.bind, **params))
+
+
+def _impl(*args, **params):
+  # Outside jit we still compile: the host function then runs from the same
+  # runtime thread, sequenced by the same effect tokens, as inside jit.
+  return _compiled(**params)(*args)
+
+
+def _batching_rule(args, dims, *, transforms, identity, target, **params):
+  if not identity:
+    raise NotImplementedError(
+        f"vmap of a host call that returns results ({target!r}) is not "
+        "supported by host_callback.call, as in the legacy module: call the "
+        "host function on the whole batch yourself, or use "
+        "hostcall.pure_callback with a vmap_method.")
+  new_transforms = transforms + (("batch", tuple(dims)),)
+  outs = hostcall_p.bind(*args, transforms=new_transforms, identity=identity,
+                         target=target, **params)
+  return outs, dims
+
+
+def _jvp_rule(primals, tangents, *, identity, target, **params):
+  if not identity:
+    raise NotImplementedError(
+        f"the host call {target!r} has no derivative rule: wrap it in "
+        "jax.custom_jvp / jax.custom_vjp, stop the gradient with "
+        "jax.lax.stop_gradient, or use hostcall.pure_callback with "
+        "derivative rules.")
+  # Taps see primal values only, once per primal evaluation; tangents flow
+  # through as through the identity.
+  outs = hostcall_p.bind(*primals, identity=identity, target=target, **params)
+  return outs, list(tangents)
+
+
+def _remat_rule(saveable, unks_in, inst_in, eqn):
+  # Under jax.checkpoint, a tap whose inputs are known runs in the forward
+  # pass and runs again where the backward pass rematerialises its inputs, as
+  # the legacy host_callback documented. Outside checkpoint every value is
+  # saveable and the tap runs once.
+  n_out = len(eqn.outvars)
+  residuals = [v for v, inst in zip(eqn.invars, inst_in)
+               if isinstance(v, jex_core.Var) and not inst]
+  if any(unks_in):
+    return None, eqn, [True] * n_out, [True] * n_out, residuals
+  policy = saveable(eqn.primitive, *[v.aval for v in eqn.invars], **eqn.params)
+  if not _jax_private.is_recompute_policy(policy):
+    return eqn, None, [False] * n_out, [False] * n_out, []
+  return eqn, eqn, [False] * n_out, [True] * n_out, residuals
+
+
+def _device_resolver(ctx, device_index: int):
+  """How the host learns which device called: a constant or an operand."""
+  axis_context = ctx.module_context.axis_context
+  if isinstance(axis_context, _jax_private.SPMDAxisContext):
+    mesh = axis_context.mesh
+    devices = tuple(getattr(mesh, "devices", np.array([])).flat)
+    partition = hlo.partition_id()
+    return devices, partition
+  assignment = getattr(axis_context, "device_assignment", None) or ()
+  if not assignment:
+    backend = ctx.module_context.get_backend()
+    assignment = tuple(backend.local_devices())
+  if len(assignment) > 1 and not 0 <= device_index < len(assignment):
+    raise ValueError(
+        f"device_index={device_index} is out of range: the computation runs "
+        f"on {len(assignment)} devices; pass 0 <= device_index < "
+        f"{len(assignment)}.")
+  device = assignment[device_index] if len(assignment) > 1 else assignment[0]
+  return device, None
+
+
+def _lowering(ctx, *args, target, transforms, identity, result_avals, ordered,
+              device_index):
+  devices, partition = _device_resolver(ctx, device_index)
+  operands, operand_avals = list(args), list(ctx.avals_in)
+  if partition is not None:
+    operands.append(partition)
+    operand_avals.append(jax.core.ShapedArray((), np.uint32))
+
+    def callback(*flat):
+      *flat, pid = flat
+      return host.run(target, flat, transforms, devices[int(pid)])
+  else:
+    def callback(*flat):
+      return host.run(target, flat, transforms, devices)
+
+  axis_context = ctx.module_context.axis_context
+  chosen = None
+  if (isinstance(axis_context, _jax_private.ShardingContext)
+      and axis_context.num_devices > 1):
+    # Global view of several devices: one call, made by the chosen device.
+    chosen = jax.sharding.SingleDeviceSharding(devices)
+  op_sharding = _jax_private.callback_op_sharding(
+      axis_context, chosen, result_avals)
+  effect = ORDERED if ordered else UNORDERED
+  token = ctx.tokens_in.get(effect) if ordered else None
+  call_ctx = ctx.replace(avals_in=operand_avals, avals_out=list(result_avals))
+  results, token, _ = mlir.emit_python_callback(
+      call_ctx, callback, token, operands, operand_avals, list(result_avals),
+      has_side_effect=True, returns_token=True, sharding=op_sharding)
+  if ordered:
+    ctx.set_tokens_out(mlir.TokenSet({effect: token}))
+  return list(args) if identity else list(results)
+
+
+hostcall_p.def_effectful_abstract_eval(_abstract_eval)
+hostcall_p.def_impl(_impl)
+batching.primitive_batchers[hostcall_p] = _batching_rule
+ad.primitive_jvps[hostcall_p] = _jvp_rule
+pe.partial_eval_jaxpr_custom_rules[hostcall_p] = _remat_rule
+mlir.register_lowering(hostcall_p, _lowering, cacheable=False)

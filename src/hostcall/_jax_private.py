@@ -1,0 +1,51 @@
+"""Every private JAX name hostcall relies on, gathered in one place.
+
+JAX's public API has no way to declare a new side effect that may appear inside
+``scan``/``while``/``cond``, ``custom_jvp``/``custom_vjp`` and ``checkpoint``,
+nor to reuse the sharding that JAX's own callbacks attach to their custom call.
+Those few names live in ``jax._src``; importing them anywhere else is forbidden
+by convention, and ``tests/test_jax_private.py`` fails loudly when one of them
+moves or changes shape in a new JAX release.
+"""
+
+from __future__ import annotations
+
+from jax._src import callback as _callback
+from jax._src import dispatch as _dispatch
+from jax._src import effects as _effects
+from jax._src import sharding_impls as _sharding_impls
+from jax._src.interpreters import partial_eval as _pe
+
+#: Axis context of a ``shard_map`` body (manual, per-device semantics).
+SPMDAxisContext = _sharding_impls.SPMDAxisContext
+#: Axis context of a ``jit`` over one or more devices (global semantics).
+ShardingContext = _sharding_impls.ShardingContext
+
+#: ``callback_op_sharding(axis_context, sharding, avals_out)``: the op sharding
+#: JAX gives its own callbacks (MAXIMAL on one device under ``jit``, MANUAL
+#: under ``shard_map``), or None on one device.
+callback_op_sharding = _callback._callback_op_sharding
+
+
+def register_effect(effect_type: type, *, ordered: bool) -> None:
+  """Declares ``effect_type`` legal everywhere a JAX callback effect is."""
+  for registry in (
+      _effects.lowerable_effects,
+      _effects.control_flow_allowed_effects,
+      _effects.custom_derivatives_allowed_effects,
+      _effects.remat_allowed_effects,
+  ):
+    registry.add_type(effect_type)
+  if ordered:
+    _effects.ordered_effects.add_type(effect_type)
+    _effects.shardable_ordered_effects.add_type(effect_type)
+
+
+def require_devices_during_lowering(primitive) -> None:
+  """Makes JAX hand the concrete device assignment to ``primitive``'s lowering."""
+  _dispatch.prim_requires_devices_during_lowering.add(primitive)
+
+
+def is_recompute_policy(policy) -> bool:
+  """Whether a ``jax.checkpoint`` policy's answer means "recompute, don't save"."""
+  return isinstance(_pe.ensure_enum(policy), _pe.RecomputeType)

@@ -1,0 +1,371 @@
+"""The legacy ``jax.experimental.host_callback`` API, restored on modern JAX.
+
+Replace ``from jax.experimental import host_callback as hcb`` with
+``from hostcall import host_callback as hcb`` and old code runs unchanged:
+
+* ``id_tap(tap_func, arg)`` is the identity on ``arg`` and calls
+  ``tap_func(arg, transforms)`` on the host with the runtime value (NumPy
+  arrays in the same pytree). Under ``vmap`` the tap receives the whole batch
+  and ``transforms`` says so: ``(('batch', {'batch_dims': (0,)}),)``. Under
+  ``jvp``/``grad`` it sees primal values only, once per primal evaluation.
+* ``id_print(arg, what=...)`` prints the value on the host.
+* ``call(fn, arg, result_shape=...)`` returns ``fn(arg)`` into the computation.
+* ``barrier_wait()`` waits for every tap started before it and raises
+  ``CallbackException`` if a tap function raised.
+
+Taps run in program order (per device under ``pmap``/``shard_map``) and are
+never dropped, even when their result is unused.
+
+Example:
+  >>> import jax, jax.numpy as jnp
+  >>> from hostcall import host_callback as hcb
+  >>> def power3(x):
+  ...   y = x * x
+  ...   hcb.id_print((x, y), what="x,x^2")
+  ...   return y * x
+  >>> _ = jax.vmap(power3)(jnp.array([2., 3.])); hcb.barrier_wait()
+  transforms: [('batch', {'batch_dims': (0, 0)})] what: x,x^2
+  ( [2. 3.] [4. 9.] )
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import sys
+import threading
+from typing import Any, Callable
+
+import jax
+import numpy as np
+
+from hostcall import _printing
+from hostcall._core import CallbackException, HostTarget, barrier, bind
+from hostcall._core.host import check_callable
+from hostcall._core.host import CallContext
+
+__all__ = [
+    "CallbackException",
+    "TapFunctionException",
+    "barrier_wait",
+    "call",
+    "id_print",
+    "id_tap",
+    "stop_outfeed_receiver",
+]
+
+#: The legacy module's older name for ``CallbackException``.
+TapFunctionException = CallbackException
+
+# Keyword arguments that old code and the tutorials pass and that change
+# nothing here: transforms are always given to the tap function, and there is
+# one callback implementation.
+_ACCEPTED_NO_OP_KWARGS = frozenset({"tap_with_transform", "callback_flavor"})
+
+
+def _hash_key(fn) -> Any:
+  try:
+    hash(fn)
+    return fn
+  except TypeError:
+    return ("id", id(fn))
+
+
+class _Tap(HostTarget):
+  """``tap_func(arg, transforms[, device=dev])`` for ``id_tap``."""
+
+  def __init__(self, fn, in_tree, with_device):
+    super().__init__((_hash_key(fn), in_tree, with_device))
+    self.fn, self.in_tree, self.with_device = fn, in_tree, with_device
+
+  def deliver(self, flat_args, context: CallContext):
+    arg = jax.tree_util.tree_unflatten(self.in_tree, flat_args)
+    if self.with_device:
+      self.fn(arg, context.transforms, device=context.device)
+    else:
+      self.fn(arg, context.transforms)
+    return ()
+
+  def __repr__(self):
+    return f"id_tap({getattr(self.fn, '__name__', self.fn)!r})"
+
+
+class _Call(HostTarget):
+  """``callback_func(arg[, device=dev])`` for ``call``, results checked."""
+
+  returns_results = True
+
+  def __init__(self, fn, in_tree, result_tree, result_avals, with_device,
+               unpack):
+    super().__init__((_hash_key(fn), in_tree, result_tree, result_avals,
+                      with_device, unpack))
+    self.fn, self.in_tree = fn, in_tree
+    self.result_tree, self.result_avals = result_tree, result_avals
+    self.with_device, self.unpack = with_device, unpack
+
+  def deliver(self, flat_args, context: CallContext):
+    arg = jax.tree_util.tree_unflatten(self.in_tree, flat_args)
+    args = tuple(arg) if self.unpack else (arg,)
+    kwargs = {"device": context.device} if self.with_device else {}
+    result = self.fn(*args, **kwargs)
+    return _check_result(self, result)
+
+  @property
+  def name(self) -> str:
+    return getattr(self.fn, "__name__", repr(self.fn))
+
+  def __repr__(self):
+    return f"call({self.name!r})"
+
+
+def _check_result(target: _Call, result) -> list[np.ndarray]:
+  flat, tree = jax.tree_util.tree_flatten(result)
+  expected = jax.tree_util.tree_unflatten(target.result_tree,
+                                          list(target.result_avals))
+  if tree != target.result_tree:
+    raise TypeError(
+        f"host_callback.call: the host function {target.name!r} returned a "
+        f"result with pytree structure {tree}, but result_shape declares "
+        f"{target.result_tree} ({expected}). Return a value of the declared "
+        "structure, or change result_shape.")
+  out = []
+  for i, (value, aval) in enumerate(zip(flat, target.result_avals)):
+    array = np.asarray(value)
+    array = array.astype(jax.dtypes.canonicalize_dtype(array.dtype),
+                         copy=False)
+    if array.shape != aval.shape or array.dtype != aval.dtype:
+      got = jax.tree_util.tree_unflatten(
+          tree, [jax.ShapeDtypeStruct(np.shape(v),
+                                      jax.dtypes.canonicalize_dtype(
+                                          np.asarray(v).dtype))
+                 for v in flat])
+      raise TypeError(
+          f"host_callback.call: the host function {target.name!r} returned "
+          f"{array.dtype}{list(array.shape)} for result leaf #{i}, but "
+          f"result_shape declares {aval.dtype}{list(aval.shape)}. Expected "
+          f"{expected}, received {got}. Return arrays of the declared shape "
+          "and dtype (e.g. `np.asarray(r, dtype)`), or change result_shape.")
+    out.append(array)
+  return out
+
+
+def _check_leaves(flat_args, what: str) -> None:
+  for leaf in flat_args:
+    if not (isinstance(leaf, (jax.Array, np.ndarray, np.generic, bool, int,
+                              float, complex))
+            or isinstance(leaf, jax.core.Tracer)):
+      raise TypeError(
+          f"{what}: every leaf of the tapped argument must be a JAX array, a "
+          f"NumPy array or a Python number; got {leaf!r} of type "
+          f"{type(leaf).__name__}. Pass non-array data to the host function "
+          "through a closure or functools.partial instead.")
+
+
+def _result_avals(result_shape) -> tuple[Any, tuple]:
+  flat, tree = jax.tree_util.tree_flatten(result_shape)
+  avals = []
+  for leaf in flat:
+    try:
+      if hasattr(leaf, "shape") and hasattr(leaf, "dtype"):
+        shape, dtype = tuple(leaf.shape), np.dtype(leaf.dtype)
+      elif isinstance(leaf, (bool, int, float, complex, np.generic)):
+        shape, dtype = (), np.asarray(leaf).dtype
+      else:
+        raise TypeError
+      avals.append(jax.core.ShapedArray(
+          shape, jax.dtypes.canonicalize_dtype(dtype)))
+    except TypeError:
+      raise ValueError(
+          "result_shape should be a pytree of values with structure matching "
+          "the expected result of the callback function. The values must be "
+          "either numeric scalars, or must have 'shape' and 'dtype' "
+          f"attributes (e.g. jax.ShapeDtypeStruct). Got {result_shape!r}, "
+          f"whose leaf {leaf!r} is neither.") from None
+  return tree, tuple(avals)
+
+
+def _unpack_tuple_arg(fn, arg, with_device: bool) -> bool:
+  """Whether ``call`` should spread a tuple ``arg`` over ``fn``'s parameters.
+
+  The legacy ``call`` passes one argument. Tutorials also pass a tuple
+  ``(x, p)`` to a host function of two parameters; we spread it exactly when
+  the function cannot take one argument but can take the tuple's elements.
+  """
+  if not isinstance(arg, (tuple, list)) or len(arg) < 2:
+    return False
+  try:
+    signature = inspect.signature(fn)
+  except (TypeError, ValueError):
+    return False
+  extra = {"device": None} if with_device else {}
+  try:
+    signature.bind(arg, **extra)
+    return False
+  except TypeError:
+    pass
+  try:
+    signature.bind(*arg, **extra)
+    return True
+  except TypeError:
+    return False
+
+
+def id_tap(tap_func: Callable, arg, *, result=None, tap_with_device=False,
+           device_index=0, **kwargs):
+  """Identity on ``arg`` that calls ``tap_func`` on the host with its value.
+
+  Arguments:
+    tap_func: called as ``tap_func(arg, transforms)``, or
+      ``tap_func(arg, transforms, device=dev)`` with ``tap_with_device``.
+      ``arg`` holds NumPy arrays in the pytree structure given; ``transforms``
+      is a tuple of ``(name, params)``, e.g. ``('batch', {'batch_dims': (0,)})``
+      under ``vmap``. Its return value is ignored; if it raises, the exception
+      is logged and the next ``barrier_wait`` raises ``CallbackException``.
+    arg: a pytree of arrays (or Python numbers) to send to the host.
+    result: if given, returned instead of ``arg`` (and not sent to the host).
+    tap_with_device: pass the calling device to ``tap_func`` as ``device=``.
+    device_index: under ``jit`` over several devices, the device (index in
+      the computation's device assignment) that makes the one call.
+    **kwargs: ``tap_with_transform`` and ``callback_flavor`` are accepted for
+      old code and change nothing; anything else raises ``TypeError``.
+
+  Returns:
+    ``arg``, or ``result`` if given.
+
+  Example:
+    >>> import jax
+    >>> from hostcall import host_callback as hcb
+    >>> jax.jit(lambda x: hcb.id_tap(lambda v, tr: print("got", v), x) * 2)(3.)
+    got 3.0
+    Array(6., dtype=float32, weak_type=True)
+  """
+  unknown = set(kwargs) - _ACCEPTED_NO_OP_KWARGS
+  if unknown:
+    raise TypeError(
+        "Support for **kwargs in ``id_tap`` has been removed. Instead, "
+        "pre-apply keyword arguments, either by using a closure or by passing "
+        f"``functools.partial(tap_func, **kwargs)``. Got {sorted(unknown)}.")
+  check_callable(tap_func, "id_tap's tap_func")
+  flat, in_tree = jax.tree_util.tree_flatten(arg)
+  _check_leaves(flat, "id_tap")
+  if result is not None:
+    _check_leaves(jax.tree_util.tree_leaves(result), "id_tap's result")
+  outs = bind(flat, target=_Tap(tap_func, in_tree, bool(tap_with_device)),
+              identity=True, device_index=device_index)
+  if result is not None:
+    return result
+  return jax.tree_util.tree_unflatten(in_tree, outs)
+
+
+_print_lock = threading.Lock()
+
+
+def _print_tap(arg, transforms, *, device=None, output_stream=None,
+               threshold=None, **kwargs):
+  lines = _printing.format_tap(arg, transforms, device=device,
+                               threshold=threshold, **kwargs)
+  with _print_lock:
+    for line in lines:
+      if output_stream is not None:
+        output_stream.write(line + "\n")
+      else:
+        sys.stdout.write(line + "\n")
+
+
+def id_print(arg, *, result=None, tap_with_device=False, device_index=0,
+             output_stream=None, threshold=None, **kwargs):
+  """Like ``id_tap`` with a tap function that prints ``arg`` on the host.
+
+  Prints first the keyword arguments sorted by key (``what: ...``), with
+  ``transforms`` when non-empty and ``device`` with ``tap_with_device``, then
+  the value: tuples as ``( a b )``, lists as ``[ a b ]``, dicts as
+  ``{ k=v }``, arrays with ``numpy.array2string(threshold=threshold)``.
+
+  Arguments:
+    arg: the pytree to print; it is also returned (unless ``result``).
+    result, tap_with_device, device_index: as for ``id_tap``.
+    output_stream: an object with ``write(str)``; ``sys.stdout`` if None.
+    threshold: passed to ``numpy.array2string``.
+    **kwargs: printed before the value (``tap_with_transform`` and
+      ``callback_flavor`` excepted, for old code).
+
+  Returns:
+    ``arg``, or ``result`` if given.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from hostcall import host_callback as hcb
+    >>> _ = hcb.id_print(jnp.arange(3.), what="y"); hcb.barrier_wait()
+    what: y
+    [0. 1. 2.]
+  """
+  for name in _ACCEPTED_NO_OP_KWARGS:
+    kwargs.pop(name, None)
+  printer = functools.partial(_print_tap, output_stream=output_stream,
+                              threshold=threshold, **kwargs)
+  return id_tap(printer, arg, result=result, tap_with_device=tap_with_device,
+                device_index=device_index)
+
+
+def call(callback_func: Callable, arg, *, result_shape=None,
+         call_with_device=False, device_index=0, result_shape_dtypes=None):
+  """Calls ``callback_func`` on the host and returns its result to the device.
+
+  Arguments:
+    callback_func: called as ``callback_func(arg)`` (or
+      ``callback_func(arg, device=dev)`` with ``call_with_device``). When
+      ``arg`` is a tuple and the function takes its elements as separate
+      parameters (and cannot take one argument), it is called as
+      ``callback_func(*arg)``. Must return NumPy-compatible values matching
+      ``result_shape``.
+    arg: a pytree of arrays sent to the host.
+    result_shape: a pytree of numeric scalars or objects with ``.shape`` and
+      ``.dtype`` (``jax.ShapeDtypeStruct``, an array) describing the result;
+      ``None`` or ``()`` when there is none.
+    call_with_device: pass the calling device to ``callback_func``.
+    device_index: under ``jit`` over several devices, which device calls.
+    result_shape_dtypes: a synonym of ``result_shape``.
+
+  Returns:
+    The host function's result, as JAX arrays in the ``result_shape`` pytree.
+    A result of another structure, shape or dtype, and any exception of the
+    host function, fail the JAX computation with an error naming both.
+
+  Example:
+    >>> import jax, jax.numpy as jnp, numpy as np
+    >>> from hostcall import host_callback as hcb
+    >>> jax.jit(lambda m: hcb.call(np.linalg.eigvalsh, m,
+    ...     result_shape=jax.ShapeDtypeStruct((2,), m.dtype)))(jnp.eye(2))
+    Array([1., 1.], dtype=float32)
+  """
+  if result_shape_dtypes is not None:
+    if result_shape is not None:
+      raise TypeError("call: pass result_shape or result_shape_dtypes (a "
+                      "synonym), not both.")
+    result_shape = result_shape_dtypes
+  check_callable(callback_func, "call's callback_func")
+  flat, in_tree = jax.tree_util.tree_flatten(arg)
+  _check_leaves(flat, "call")
+  result_tree, result_avals = _result_avals(result_shape)
+  unpack = _unpack_tuple_arg(callback_func, arg, bool(call_with_device))
+  target = _Call(callback_func, in_tree, result_tree, result_avals,
+                 bool(call_with_device), unpack)
+  outs = bind(flat, target=target, identity=False, result_avals=result_avals,
+              device_index=device_index)
+  return jax.tree_util.tree_unflatten(result_tree, outs)
+
+
+def barrier_wait(logging_name: str | None = None) -> None:
+  """Blocks until every callback started before it has run on the host.
+
+  Raises ``CallbackException`` (with the last exception's text and traceback)
+  if any tap function raised since the last barrier.
+
+  Arguments:
+    logging_name: a name for this barrier in hostcall's debug log.
+  """
+  barrier(logging_name)
+
+
+def stop_outfeed_receiver() -> None:
+  """Does nothing: there is no outfeed receiver to stop. Kept for old code."""
