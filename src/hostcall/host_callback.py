@@ -122,6 +122,14 @@ def _check_result(target: _Call, result) -> list[np.ndarray]:
   flat, tree = jax.tree_util.tree_flatten(result)
   expected = jax.tree_util.tree_unflatten(target.result_tree,
                                           list(target.result_avals))
+  if not target.result_avals and not flat:
+    return []  # None and () both mean "no result"
+  if (tree != target.result_tree and target.result_tree.num_nodes == 1
+      and all(isinstance(v, (bool, int, float, complex)) for v in flat)):
+    # One array declared, a (nested) list of Python numbers returned.
+    converted = np.asarray(result)
+    if converted.dtype != object:
+      flat, tree = [converted], target.result_tree
   if tree != target.result_tree:
     raise TypeError(
         f"host_callback.call: the host function {target.name!r} returned a "

@@ -1,0 +1,62 @@
+import io
+
+import jax
+import numpy as np
+import pytest
+
+from hostcall._core import host
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_tap_errors():
+  """Each test starts and ends with no pending tap exceptions."""
+  jax.effects_barrier()
+  host.errors.take()
+  yield
+  jax.effects_barrier()
+  host.errors.take()
+
+
+class Recorder:
+  """A tap function that records what the host received, in order."""
+
+  def __init__(self):
+    self.calls = []
+
+  def __call__(self, arg, transforms, device=None):
+    self.calls.append((jax.tree_util.tree_map(np.asarray, arg),
+                       tuple(transforms), device))
+
+  def labelled(self, label):
+    """A tap function recording ``(label, value)`` into the same log."""
+    def tap(arg, transforms, device=None):
+      self.calls.append(((label, jax.tree_util.tree_map(np.asarray, arg)),
+                         tuple(transforms), device))
+    return tap
+
+  @property
+  def values(self):
+    return [jax.tree_util.tree_map(
+        lambda a: a.tolist() if isinstance(a, np.ndarray) else a, c[0])
+            for c in self.calls]
+
+  @property
+  def transforms(self):
+    return [c[1] for c in self.calls]
+
+
+@pytest.fixture
+def recorder():
+  return Recorder()
+
+
+@pytest.fixture
+def stream():
+  return io.StringIO()
+
+
+# tests/multidevice needs 4 CPU devices, which must be configured before JAX
+# starts: tests/test_multidevice.py runs it in its own pytest process.
+collect_ignore_glob = []
+if jax.device_count() < 4:
+  collect_ignore_glob.append("multidevice/*")
