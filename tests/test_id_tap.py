@@ -354,3 +354,19 @@ def test_host_receives_a_copy_it_may_keep(recorder):
   f()
   hcb.barrier_wait()
   assert recorder.values == [[0] * 4, [1] * 4, [2] * 4]
+
+
+def test_disable_jit_runs_taps_inline(recorder):
+  with jax.disable_jit():
+    out = jax.vmap(lambda x: hcb.id_tap(recorder, x * 2))(jnp.arange(2.0))
+    res = hcb.call(lambda v: v + 1, jnp.float32(1), result_shape=1.0)
+  np.testing.assert_array_equal(out, [0.0, 2.0])
+  assert float(res) == 2.0
+  assert recorder.values == [[0.0, 2.0]]
+  assert recorder.transforms == [(BATCH0,)]
+
+
+def test_context_reports_process_index():
+  from hostcall import CallContext
+  ctx = CallContext((), jax.devices()[0])
+  assert ctx.process_index == 0

@@ -31,10 +31,16 @@ class CallContext:
       last, as ``(name, params)`` pairs, e.g.
       ``(('batch', {'batch_dims': (0,)}),)``.
     device: the ``jax.Device`` whose computation made the call.
+    process_index: the index of the process that owns ``device``.
   """
 
   transforms: tuple[tuple[str, dict[str, Any]], ...]
   device: Any
+
+  @property
+  def process_index(self) -> int:
+    """The index of the process (host) that owns ``device``."""
+    return getattr(self.device, "process_index", 0)
 
 
 class HostTarget:

@@ -77,9 +77,24 @@ def _compiled(**params):
 
 
 def _impl(*args, **params):
+  if jax.config.jax_disable_jit:
+    return _run_inline(*args, **params)
   # Outside jit we still compile: the host function then runs from the same
   # runtime thread, sequenced by the same effect tokens, as inside jit.
   return _compiled(**params)(*args)
+
+
+def _run_inline(*args, target, transforms, identity, result_avals, ordered,
+                device_index):
+  """Under ``jax.disable_jit()``: call the host function right here."""
+  del ordered, device_index
+  devices = [d for a in args if isinstance(a, jax.Array) for d in a.devices()]
+  device = devices[0] if devices else jax.devices()[0]
+  results = host.run(target, [np.asarray(a) for a in args], transforms,
+                     device)
+  if identity:
+    return list(args)
+  return [jax.device_put(r, device) for r in results]
 
 
 def _batching_rule(args, dims, *, transforms, identity, target, **params):
