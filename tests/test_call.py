@@ -93,10 +93,10 @@ def test_call_inside_scan_in_order():
 
 @pytest.mark.parametrize("returned,match", [
     (lambda x: x[:1], r"returned float32\[1\] for result leaf #0, but "
-                      r"result_shape declares float32\[2\]"),
-    (lambda x: x.astype(np.int32), r"returned int32\[2\] .* declares "
-                                   r"float32\[2\]"),
-    (lambda x: (x, x), r"pytree structure .* but result_shape declares"),
+                      r"the declared result shape is float32\[2\]"),
+    (lambda x: x.astype(np.int32), r"returned int32\[2\] .* declared "
+                                   r"result shape is float32\[2\]"),
+    (lambda x: (x, x), r"pytree structure .* but the declared result shape"),
 ])
 def test_wrong_result_fails_the_call_with_expected_and_received(returned,
                                                                 match):

@@ -41,6 +41,7 @@ import numpy as np
 
 from hostcall import _printing
 from hostcall._core import CallbackException, HostTarget, barrier, bind
+from hostcall._core import results
 from hostcall._core.host import check_callable
 from hostcall._core.host import CallContext
 
@@ -108,7 +109,16 @@ class _Call(HostTarget):
     args = tuple(arg) if self.unpack else (arg,)
     kwargs = {"device": context.device} if self.with_device else {}
     result = self.fn(*args, **kwargs)
-    return _check_result(self, result)
+    return results.check_results(
+        result, self.result_tree, self.result_avals,
+        f"host_callback.call: the host function {self.name!r}")
+
+  def vmap_method(self) -> str:
+    raise NotImplementedError(
+        f"vmap of a host call that returns results ({self!r}) is not "
+        "supported by host_callback.call, as in the legacy module: call the "
+        "host function on the whole batch yourself, or use "
+        "hostcall.pure_callback with a vmap_method.")
 
   @property
   def name(self) -> str:
@@ -116,45 +126,6 @@ class _Call(HostTarget):
 
   def __repr__(self):
     return f"call({self.name!r})"
-
-
-def _check_result(target: _Call, result) -> list[np.ndarray]:
-  flat, tree = jax.tree_util.tree_flatten(result)
-  expected = jax.tree_util.tree_unflatten(target.result_tree,
-                                          list(target.result_avals))
-  if not target.result_avals and not flat:
-    return []  # None and () both mean "no result"
-  if (tree != target.result_tree and target.result_tree.num_nodes == 1
-      and all(isinstance(v, (bool, int, float, complex)) for v in flat)):
-    # One array declared, a (nested) list of Python numbers returned.
-    converted = np.asarray(result)
-    if converted.dtype != object:
-      flat, tree = [converted], target.result_tree
-  if tree != target.result_tree:
-    raise TypeError(
-        f"host_callback.call: the host function {target.name!r} returned a "
-        f"result with pytree structure {tree}, but result_shape declares "
-        f"{target.result_tree} ({expected}). Return a value of the declared "
-        "structure, or change result_shape.")
-  out = []
-  for i, (value, aval) in enumerate(zip(flat, target.result_avals)):
-    array = np.asarray(value)
-    array = array.astype(jax.dtypes.canonicalize_dtype(array.dtype),
-                         copy=False)
-    if array.shape != aval.shape or array.dtype != aval.dtype:
-      got = jax.tree_util.tree_unflatten(
-          tree, [jax.ShapeDtypeStruct(np.shape(v),
-                                      jax.dtypes.canonicalize_dtype(
-                                          np.asarray(v).dtype))
-                 for v in flat])
-      raise TypeError(
-          f"host_callback.call: the host function {target.name!r} returned "
-          f"{array.dtype}{list(array.shape)} for result leaf #{i}, but "
-          f"result_shape declares {aval.dtype}{list(aval.shape)}. Expected "
-          f"{expected}, received {got}. Return arrays of the declared shape "
-          "and dtype (e.g. `np.asarray(r, dtype)`), or change result_shape.")
-    out.append(array)
-  return out
 
 
 def _check_leaves(flat_args, what: str) -> None:
@@ -167,29 +138,6 @@ def _check_leaves(flat_args, what: str) -> None:
           f"NumPy array or a Python number; got {leaf!r} of type "
           f"{type(leaf).__name__}. Pass non-array data to the host function "
           "through a closure or functools.partial instead.")
-
-
-def _result_avals(result_shape) -> tuple[Any, tuple]:
-  flat, tree = jax.tree_util.tree_flatten(result_shape)
-  avals = []
-  for leaf in flat:
-    try:
-      if hasattr(leaf, "shape") and hasattr(leaf, "dtype"):
-        shape, dtype = tuple(leaf.shape), np.dtype(leaf.dtype)
-      elif isinstance(leaf, (bool, int, float, complex, np.generic)):
-        shape, dtype = (), np.asarray(leaf).dtype
-      else:
-        raise TypeError
-      avals.append(jax.core.ShapedArray(
-          shape, jax.dtypes.canonicalize_dtype(dtype)))
-    except TypeError:
-      raise ValueError(
-          "result_shape should be a pytree of values with structure matching "
-          "the expected result of the callback function. The values must be "
-          "either numeric scalars, or must have 'shape' and 'dtype' "
-          f"attributes (e.g. jax.ShapeDtypeStruct). Got {result_shape!r}, "
-          f"whose leaf {leaf!r} is neither.") from None
-  return tree, tuple(avals)
 
 
 def _unpack_tuple_arg(fn, arg, with_device: bool) -> bool:
@@ -354,7 +302,8 @@ def call(callback_func: Callable, arg, *, result_shape=None,
   check_callable(callback_func, "call's callback_func")
   flat, in_tree = jax.tree_util.tree_flatten(arg)
   _check_leaves(flat, "call")
-  result_tree, result_avals = _result_avals(result_shape)
+  result_tree, result_avals = results.avals_from_shapes(result_shape,
+                                                       "result_shape")
   unpack = _unpack_tuple_arg(callback_func, arg, bool(call_with_device))
   target = _Call(callback_func, in_tree, result_tree, result_avals,
                  bool(call_with_device), unpack)

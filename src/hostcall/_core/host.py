@@ -71,6 +71,25 @@ class HostTarget:
               context: CallContext) -> Sequence[Any]:
     raise NotImplementedError
 
+  def vmap_method(self) -> str:
+    """How a value-returning call is batched, or raise to refuse ``vmap``.
+
+    ``"sequential"``: the host function is called once per batch element, in
+    index order, from one host call that carries the whole batch.
+    ``"expand_dims"`` / ``"broadcast_all"``: it is called once with every
+    batch axis in front (unbatched operands given a unit / full axis).
+    """
+    raise NotImplementedError(f"vmap of {self!r} is not supported.")
+
+  def check_differentiable(self) -> None:
+    """Called when a result-returning call meets a non-zero tangent: raise
+    unless its results may be treated as constants (zero tangents)."""
+    raise NotImplementedError(
+        f"the host call {self!r} has no derivative rule: wrap it in "
+        "jax.custom_jvp / jax.custom_vjp, stop the gradient with "
+        "jax.lax.stop_gradient, or use hostcall.pure_callback with "
+        "derivative rules.")
+
   def __repr__(self):
     return f"{type(self).__name__}({self.key[0]!r})"
 
@@ -104,7 +123,7 @@ def _unpack_transforms(transforms: tuple) -> tuple:
   # The primitive keeps transforms as hashable tuples; users see dicts.
   unpacked = []
   for name, *params in transforms:
-    if name == "batch":
+    if name == "batch":  # ("batch", batch_dims, axis_size)
       unpacked.append((name, {"batch_dims": params[0]}))
     else:
       unpacked.append((name, {}))

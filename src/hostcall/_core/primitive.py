@@ -8,8 +8,10 @@ One equation calls one host function. Its parameters:
 * ``identity``: when True (a tap) the results are the operands themselves;
   otherwise they are ``result_avals``, computed by the host;
 * ``result_avals``: the shapes and dtypes the host returns (calls only);
-* ``ordered``: whether the call is sequenced with every other ordered hostcall
-  (JAX threads a token through the program for it);
+* ``mode``: ``"ordered"`` (sequenced with every other ordered hostcall: JAX
+  threads a token through the program for it), ``"unordered"`` (never
+  elided, free to move) or ``"pure"`` (no effect: may be elided, duplicated
+  or reordered like any pure operation);
 * ``device_index``: under a global (``jit``) view of several devices, which
   device of the computation makes the call.
 
@@ -57,18 +59,28 @@ _jax_private.require_devices_during_lowering(hostcall_p)
 
 
 def bind(flat_args: Sequence, *, target: host.HostTarget, identity: bool,
-         result_avals: tuple = (), ordered: bool = True,
-         device_index: int = 0) -> list:
-  """Stages one host call of ``target`` on ``flat_args``; returns flat results."""
+         result_avals: tuple = (), mode: str = "ordered",
+         device_index: int = 0, sharding=None) -> list:
+  """Stages one host call of ``target`` on ``flat_args``; returns flat results.
+
+  ``sharding``: a ``SingleDeviceSharding`` naming the device that makes the
+  call under a global view of several devices (overrides ``device_index``).
+  """
+  if mode not in _EFFECTS:
+    raise ValueError(f"mode must be one of {sorted(_EFFECTS)}, got {mode!r}")
   return hostcall_p.bind(
       *flat_args, target=target, transforms=(), identity=identity,
-      result_avals=tuple(result_avals), ordered=ordered,
-      device_index=device_index)
+      result_avals=tuple(result_avals), mode=mode,
+      device_index=device_index, sharding=sharding)
 
 
-def _abstract_eval(*avals, identity, result_avals, ordered, **_):
+_EFFECTS = {"ordered": ORDERED, "unordered": UNORDERED, "pure": None}
+
+
+def _abstract_eval(*avals, identity, result_avals, mode, **_):
   outs = avals if identity else result_avals
-  return list(outs), {ORDERED if ordered else UNORDERED}
+  effect = _EFFECTS[mode]
+  return list(outs), set() if effect is None else {effect}
 
 
 @functools.lru_cache(maxsize=512)
@@ -84,10 +96,10 @@ def _impl(*args, **params):
   return _compiled(**params)(*args)
 
 
-def _run_inline(*args, target, transforms, identity, result_avals, ordered,
-                device_index):
+def _run_inline(*args, target, transforms, identity, result_avals, mode,
+                device_index, sharding):
   """Under ``jax.disable_jit()``: call the host function right here."""
-  del ordered, device_index
+  del result_avals, mode, device_index, sharding
   devices = [d for a in args if isinstance(a, jax.Array) for d in a.devices()]
   device = devices[0] if devices else jax.devices()[0]
   results = host.run(target, [np.asarray(a) for a in args], transforms,
@@ -97,30 +109,49 @@ def _run_inline(*args, target, transforms, identity, result_avals, ordered,
   return [jax.device_put(r, device) for r in results]
 
 
-def _batching_rule(args, dims, *, transforms, identity, target, **params):
-  if not identity:
-    raise NotImplementedError(
-        f"vmap of a host call that returns results ({target!r}) is not "
-        "supported by host_callback.call, as in the legacy module: call the "
-        "host function on the whole batch yourself, or use "
-        "hostcall.pure_callback with a vmap_method.")
-  new_transforms = transforms + (("batch", tuple(dims)),)
-  outs = hostcall_p.bind(*args, transforms=new_transforms, identity=identity,
-                         target=target, **params)
-  return outs, dims
+def _batching_rule(args, dims, *, transforms, identity, target, result_avals,
+                   **params):
+  size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
+  if identity:
+    # A tap sees the whole batch, told how it is batched.
+    entry = ("batch", tuple(dims), size)
+    outs = hostcall_p.bind(*args, transforms=transforms + (entry,),
+                           identity=identity, target=target,
+                           result_avals=result_avals, **params)
+    return outs, dims
+  method = target.vmap_method()
+  if method in ("expand_dims", "broadcast_all"):
+    # The host function is vectorised: hand it every batch axis in front,
+    # unbatched operands given a unit (or full) leading axis.
+    args = [_leading(a, d, size, method) for a, d in zip(args, dims)]
+    dims = [0] * len(args)
+  entry = ("batch", tuple(dims), size)
+  batched_avals = tuple(
+      jax.core.ShapedArray((size, *aval.shape), aval.dtype)
+      for aval in result_avals)
+  outs = hostcall_p.bind(*args, transforms=transforms + (entry,),
+                         identity=identity, target=target,
+                         result_avals=batched_avals, **params)
+  return outs, [0] * len(outs)
+
+
+def _leading(x, dim, size, method):
+  if dim is not None:
+    return jax.numpy.moveaxis(x, dim, 0)
+  if method == "broadcast_all":
+    return jax.lax.broadcast(x, (size,))
+  return jax.lax.expand_dims(x, (0,))
 
 
 def _jvp_rule(primals, tangents, *, identity, target, **params):
-  if not identity:
-    raise NotImplementedError(
-        f"the host call {target!r} has no derivative rule: wrap it in "
-        "jax.custom_jvp / jax.custom_vjp, stop the gradient with "
-        "jax.lax.stop_gradient, or use hostcall.pure_callback with "
-        "derivative rules.")
-  # Taps see primal values only, once per primal evaluation; tangents flow
-  # through as through the identity.
+  if not identity and any(type(t) is not ad.Zero for t in tangents):
+    target.check_differentiable()
   outs = hostcall_p.bind(*primals, identity=identity, target=target, **params)
-  return outs, list(tangents)
+  if identity:
+    # Taps see primal values only, once per primal evaluation; tangents flow
+    # through as through the identity.
+    return outs, list(tangents)
+  return outs, [ad.Zero.from_primal_value(o) for o in outs]
 
 
 def _remat_rule(saveable, unks_in, inst_in, eqn):
@@ -160,8 +191,8 @@ def _device_resolver(ctx, device_index: int):
   return device, None
 
 
-def _lowering(ctx, *args, target, transforms, identity, result_avals, ordered,
-              device_index):
+def _lowering(ctx, *args, target, transforms, identity, result_avals, mode,
+              device_index, sharding):
   devices, partition = _device_resolver(ctx, device_index)
   operands, operand_avals = list(args), list(ctx.avals_in)
   if partition is not None:
@@ -180,15 +211,18 @@ def _lowering(ctx, *args, target, transforms, identity, result_avals, ordered,
   if (isinstance(axis_context, _jax_private.ShardingContext)
       and axis_context.num_devices > 1):
     # Global view of several devices: one call, made by the chosen device.
-    chosen = jax.sharding.SingleDeviceSharding(devices)
+    chosen = sharding or jax.sharding.SingleDeviceSharding(devices)
+    devices = next(iter(chosen.device_set))
   op_sharding = _jax_private.callback_op_sharding(
       axis_context, chosen, result_avals)
-  effect = ORDERED if ordered else UNORDERED
+  effect = _EFFECTS[mode]
+  ordered = mode == "ordered"
   token = ctx.tokens_in.get(effect) if ordered else None
   call_ctx = ctx.replace(avals_in=operand_avals, avals_out=list(result_avals))
   results, token, _ = mlir.emit_python_callback(
       call_ctx, callback, token, operands, operand_avals, list(result_avals),
-      has_side_effect=True, returns_token=True, sharding=op_sharding)
+      has_side_effect=effect is not None, returns_token=ordered,
+      sharding=op_sharding)
   if ordered:
     ctx.set_tokens_out(mlir.TokenSet({effect: token}))
   return list(args) if identity else list(results)
