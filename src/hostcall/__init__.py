@@ -2,22 +2,39 @@
 
 Public API:
 
+* ``hostcall.pure_callback``, ``hostcall.io_callback``,
+  ``hostcall.debug_callback``, ``hostcall.debug_print``: drop-in
+  replacements for JAX's callbacks, with extra options that remove their
+  walls (derivative rules, finite differences, ordered callbacks under
+  ``vmap``, io callbacks under ``grad``).
+* ``hostcall.HostFunction``: a host function with derivative rules.
 * ``hostcall.host_callback``: the legacy ``jax.experimental.host_callback``
   API (``id_tap``, ``id_print``, ``call``, ``barrier_wait``) on modern JAX.
 * ``hostcall.barrier()``: wait for every callback started so far and raise
   what tap functions raised.
-* ``hostcall.CallbackException``, ``hostcall.CallContext``.
+* ``hostcall.CallbackException``, ``hostcall.CallContext``,
+  ``hostcall.fd_step``.
 """
 
 from hostcall import host_callback
 from hostcall._core import CallbackException, CallContext, barrier
+from hostcall._flavours.debug import debug_callback, debug_print
+from hostcall._flavours.derivatives import HostFunction, fd_step
+from hostcall._flavours.io import io_callback
+from hostcall._flavours.pure import pure_callback
 
 __version__ = "0.1.0"
 
 __all__ = [
     "CallContext",
     "CallbackException",
+    "HostFunction",
     "__version__",
     "barrier",
+    "debug_callback",
+    "debug_print",
+    "fd_step",
     "host_callback",
+    "io_callback",
+    "pure_callback",
 ]

@@ -32,10 +32,13 @@ class CallContext:
       ``(('batch', {'batch_dims': (0,)}),)``.
     device: the ``jax.Device`` whose computation made the call.
     process_index: the index of the process that owns ``device``.
+    batch_levels: ``(batch_dims, axis_size)`` of each enclosing ``vmap``,
+      innermost first.
   """
 
   transforms: tuple[tuple[str, dict[str, Any]], ...]
   device: Any
+  batch_levels: tuple[tuple[tuple, int], ...] = ()
 
   @property
   def process_index(self) -> int:
@@ -80,6 +83,17 @@ class HostTarget:
     batch axis in front (unbatched operands given a unit / full axis).
     """
     raise NotImplementedError(f"vmap of {self!r} is not supported.")
+
+  def jvp(self, primals, tangents) -> list | None:
+    """Tangents of a value-returning call's results, staged with JAX ops, or
+    None when the target has no derivative rule."""
+    del primals, tangents
+    return None
+
+  def transpose(self, cts, args) -> list:
+    """Cotangents of the operands, for targets linear in some operands."""
+    raise NotImplementedError(f"{self!r} is not linear; it cannot be "
+                              "transposed.")
 
   def check_differentiable(self) -> None:
     """Called when a result-returning call meets a non-zero tangent: raise
@@ -136,7 +150,9 @@ def run(target: HostTarget, flat_args: Sequence[np.ndarray],
   # The runtime lends us views of device buffers that it reuses once we
   # return; a host function that keeps its argument must keep a copy.
   flat_args = [np.array(a, copy=True) for a in flat_args]
-  context = CallContext(_unpack_transforms(transforms), device)
+  context = CallContext(
+      _unpack_transforms(transforms), device,
+      tuple((t[1], t[2]) for t in transforms if t[0] == "batch"))
   if target.returns_results:
     try:
       return tuple(target.deliver(flat_args, context))

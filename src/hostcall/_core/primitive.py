@@ -144,14 +144,26 @@ def _leading(x, dim, size, method):
 
 
 def _jvp_rule(primals, tangents, *, identity, target, **params):
-  if not identity and any(type(t) is not ad.Zero for t in tangents):
-    target.check_differentiable()
-  outs = hostcall_p.bind(*primals, identity=identity, target=target, **params)
   if identity:
     # Taps see primal values only, once per primal evaluation; tangents flow
     # through as through the identity.
+    outs = hostcall_p.bind(*primals, identity=identity, target=target,
+                           **params)
     return outs, list(tangents)
-  return outs, [ad.Zero.from_primal_value(o) for o in outs]
+  out_tangents = None
+  if any(type(t) is not ad.Zero for t in tangents):
+    out_tangents = target.jvp(primals, tangents)
+    if out_tangents is None:
+      target.check_differentiable()  # raises unless results are constants
+  outs = hostcall_p.bind(*primals, identity=identity, target=target, **params)
+  if out_tangents is None:
+    out_tangents = [ad.Zero(jax.typeof(o).to_tangent_aval()) for o in outs]
+  return outs, list(out_tangents)
+
+
+def _transpose_rule(cts, *args, target, **params):
+  del params
+  return target.transpose(cts, args)
 
 
 def _remat_rule(saveable, unks_in, inst_in, eqn):
@@ -232,5 +244,6 @@ hostcall_p.def_effectful_abstract_eval(_abstract_eval)
 hostcall_p.def_impl(_impl)
 batching.primitive_batchers[hostcall_p] = _batching_rule
 ad.primitive_jvps[hostcall_p] = _jvp_rule
+ad.primitive_transposes[hostcall_p] = _transpose_rule
 pe.partial_eval_jaxpr_custom_rules[hostcall_p] = _remat_rule
 mlir.register_lowering(hostcall_p, _lowering, cacheable=False)

@@ -1,0 +1,211 @@
+"""Derivatives of a host call as host calls: forward rule, reverse rule.
+
+``Derivatives`` describes one differentiable host function (its flat input
+and output avals, which of them are differentiable, its two rules). Its
+``jvp`` stages a ``LinearTarget`` call of the forward rule, linear in the
+tangents; the transpose of that call is a ``LinearTarget`` call of the
+reverse rule, and vice versa. The core primitive calls ``target.jvp`` and
+``target.transpose``; nothing else here touches JAX internals.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.interpreters import ad
+
+from hostcall._core import bind, host, results
+from hostcall._flavours import derivatives
+from hostcall._flavours._target import call_per_element
+
+
+def _inexact(dtype) -> bool:
+  return jnp.issubdtype(dtype, jnp.inexact)
+
+
+def _instantiate(t, aval):
+  if type(t) is ad.Zero:
+    return jnp.zeros(aval.shape, aval.dtype)
+  return t
+
+
+class Derivatives:
+  """The derivative structure of one host function ``fn(*args, **kwargs)``.
+
+  Differentiable inputs are the floating leaves of the positional
+  arguments; keyword arguments are constants.
+  """
+
+  def __init__(self, hostfn: derivatives.HostFunction, in_tree,
+               in_avals: Sequence, out_tree, out_avals: Sequence):
+    self.hostfn, self.in_tree = hostfn, in_tree
+    self.in_avals, self.out_tree = tuple(in_avals), out_tree
+    self.out_avals = tuple(out_avals)
+    n_positional = len(jax.tree_util.tree_leaves(
+        jax.tree_util.tree_unflatten(in_tree, list(range(len(in_avals))))[0]))
+    self.diff_in = tuple(i < n_positional and _inexact(a.dtype)
+                         for i, a in enumerate(self.in_avals))
+    self.diff_out = tuple(_inexact(a.dtype) for a in self.out_avals)
+    self.jvp_rule, self.vjp_rule = derivatives.rules_for(hostfn, out_tree,
+                                                         out_avals)
+
+  def __hash__(self):
+    return hash((id(self.hostfn), self.in_tree, self.in_avals, self.out_tree,
+                 self.out_avals))
+
+  def __eq__(self, other):
+    return (isinstance(other, Derivatives) and self.hostfn is other.hostfn
+            and (self.in_tree, self.in_avals, self.out_tree, self.out_avals)
+            == (other.in_tree, other.in_avals, other.out_tree,
+                other.out_avals))
+
+  def linear_call(self, direction: str, residuals, linear) -> list:
+    target = LinearTarget(self, direction)
+    return bind(list(residuals) + list(linear), target=target,
+                identity=False, result_avals=target.result_avals, mode="pure")
+
+  def jvp(self, primals, tangents) -> list:
+    """Tangents of every output (float0 zeros for integer outputs)."""
+    linear = [_instantiate(t, a) for t, a, d in
+              zip(tangents, self.in_avals, self.diff_in) if d]
+    t_diff = iter(self.linear_call("jvp", primals, linear))
+    return [next(t_diff) if d else
+            ad.Zero(a.to_tangent_aval())
+            for a, d in zip(self.out_avals, self.diff_out)]
+
+
+class LinearTarget(host.HostTarget):
+  """A host call of a derivative rule, linear in its trailing operands.
+
+  ``"jvp"``: operands are the primals then the tangents of the
+  differentiable inputs; results, the tangents of the differentiable
+  outputs. ``"vjp"``: the primals then the cotangents of the differentiable
+  outputs; results, the cotangents of the differentiable inputs.
+  """
+
+  returns_results = True
+
+  def __init__(self, derivs: Derivatives, direction: str):
+    super().__init__((derivs, direction))
+    self.derivs, self.direction = derivs, direction
+    d = derivs
+    if direction == "jvp":
+      self.rule = d.jvp_rule
+      self.linear_avals = [a for a, m in zip(d.in_avals, d.diff_in) if m]
+      self.result_avals = tuple(a for a, m in zip(d.out_avals, d.diff_out)
+                                if m)
+    else:
+      self.rule = d.vjp_rule
+      self.linear_avals = [a for a, m in zip(d.out_avals, d.diff_out) if m]
+      self.result_avals = tuple(a for a, m in zip(d.in_avals, d.diff_in) if m)
+
+  def __repr__(self):
+    return f"{self.direction}_rule({self.derivs.hostfn.__name__!r})"
+
+  def vmap_method(self) -> str:
+    return "sequential"
+
+  def _host_call(self, flat) -> list:
+    d = self.derivs
+    n = len(d.in_avals)
+    primals, linear = list(flat[:n]), list(flat[n:])
+    args, kwargs = jax.tree_util.tree_unflatten(d.in_tree, primals)
+    if self.direction == "jvp":
+      full = [linear.pop(0) if m else np.zeros(a.shape, a.dtype)
+              for a, m in zip(d.in_avals, d.diff_in)]
+      tangents, _ = jax.tree_util.tree_unflatten(d.in_tree, full)
+      out = self.rule(tuple(args), tuple(tangents), **kwargs)
+      expected_tree, expected_avals, mask = d.out_tree, d.out_avals, d.diff_out
+    else:
+      full = [linear.pop(0) if m else np.zeros(a.shape, a.dtype)
+              for a, m in zip(d.out_avals, d.diff_out)]
+      cotangent = jax.tree_util.tree_unflatten(d.out_tree, full)
+      out = self.rule(tuple(args), cotangent, **kwargs)
+      positional = jax.tree_util.tree_unflatten(
+          d.in_tree, list(d.in_avals))[0]
+      expected_tree = jax.tree_util.tree_structure(tuple(positional))
+      n_pos = expected_tree.num_leaves
+      expected_avals, mask = d.in_avals[:n_pos], d.diff_in[:n_pos]
+    flat_out = results.check_results(
+        out, expected_tree,
+        [jax.core.ShapedArray(a.shape, a.dtype) for a in expected_avals],
+        f"the {self.direction} rule of {d.hostfn.__name__!r}")
+    return [o for o, m in zip(flat_out, mask) if m]
+
+  def deliver(self, flat_args, context: host.CallContext):
+    return call_per_element(self._host_call, list(flat_args),
+                            context.batch_levels, len(self.result_avals))
+
+  def transpose(self, cts, args) -> list:
+    d = self.derivs
+    n = len(d.in_avals)
+    residuals, linear = args[:n], args[n:]
+    if any(ad.is_undefined_primal(r) for r in residuals):
+      raise NotImplementedError(
+          f"{self!r} can only be transposed in its tangent operands.")
+    cts = [_instantiate(c, a) for c, a in zip(cts, self.result_avals)]
+    other = "vjp" if self.direction == "jvp" else "jvp"
+    lin_cts = d.linear_call(other, residuals, cts)
+    return [None] * n + list(lin_cts)
+
+  def jvp(self, primals, tangents) -> list:
+    d = self.derivs
+    n = len(d.in_avals)
+    residuals, linear = primals[:n], primals[n:]
+    res_t, lin_t = tangents[:n], tangents[n:]
+    out = []
+    if any(type(t) is not ad.Zero for t in lin_t):
+      lin_t = [_instantiate(t, a) for t, a in zip(lin_t, self.linear_avals)]
+      out = d.linear_call(self.direction, residuals, lin_t)
+    if any(type(t) is not ad.Zero for t in res_t):
+      second = self._residual_jvp(residuals, linear, res_t)
+      out = second if not out else [a + b for a, b in zip(out, second)]
+    if not out:
+      out = [jnp.zeros(a.shape, a.dtype) for a in self.result_avals]
+    return out
+
+  def _residual_jvp(self, residuals, linear, res_t) -> list:
+    """How the rule's output moves with the primals: the rule's own rule."""
+    rule = self.rule
+    if not isinstance(rule, derivatives.HostFunction):
+      raise NotImplementedError(
+          f"the {self.direction} rule of {self.derivs.hostfn.__name__!r} is "
+          "not itself differentiable, so this derivative is of too high an "
+          "order. For second order, give the rule as hostcall.HostFunction("
+          "rule, jvp=..., vjp=...) with its own derivative rules.")
+    d = self.derivs
+    if self.direction == "jvp":
+      lin = list(linear)
+      full = [lin.pop(0) if m else jnp.zeros(a.shape, a.dtype)
+              for a, m in zip(d.in_avals, d.diff_in)]
+      args, kwargs = jax.tree_util.tree_unflatten(d.in_tree, list(residuals))
+      second = jax.tree_util.tree_unflatten(d.in_tree, full)[0]
+      out_tree, out_avals, mask = d.out_tree, d.out_avals, d.diff_out
+    else:
+      lin = list(linear)
+      full = [lin.pop(0) if m else jnp.zeros(a.shape, a.dtype)
+              for a, m in zip(d.out_avals, d.diff_out)]
+      args, kwargs = jax.tree_util.tree_unflatten(d.in_tree, list(residuals))
+      second = jax.tree_util.tree_unflatten(d.out_tree, full)
+      positional = jax.tree_util.tree_unflatten(d.in_tree,
+                                                list(d.in_avals))[0]
+      out_tree = jax.tree_util.tree_structure(tuple(positional))
+      n_pos = out_tree.num_leaves
+      out_avals, mask = d.in_avals[:n_pos], d.diff_in[:n_pos]
+    rule_args = (tuple(args), second)
+    flat_in, rule_in_tree = jax.tree_util.tree_flatten((rule_args, kwargs))
+    rule_in_avals = [jax.core.ShapedArray(np.shape(x), jnp.result_type(x))
+                     for x in flat_in]
+    rule_derivs = Derivatives(rule, rule_in_tree, rule_in_avals, out_tree,
+                              out_avals)
+    # Tangents: the positional primals move; the (co)tangent operand and the
+    # keyword arguments do not.
+    n_moving = len(jax.tree_util.tree_leaves(tuple(args)))
+    flat_t = [res_t[i] if i < n_moving else ad.Zero(rule_in_avals[i])
+              for i in range(len(flat_in))]
+    t_out = rule_derivs.jvp(flat_in, flat_t)
+    return [_instantiate(t, a) for t, a, m in zip(t_out, out_avals, mask)
+            if m]

@@ -1,0 +1,75 @@
+"""Staging a modern callback: validate, build the target, bind, differentiate."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hostcall._core import bind, results
+from hostcall._core.host import check_callable
+from hostcall._flavours import _linear, derivatives
+from hostcall._flavours._target import VMAP_METHODS, CallbackSpec, CallbackTarget
+
+_NUMBERS = (bool, int, float, complex)
+
+
+def check_vmap_method(vmap_method) -> None:
+  allowed = [*VMAP_METHODS, "legacy_vectorized", None]
+  if vmap_method not in allowed:
+    raise ValueError(
+        f"vmap_method must be one of {allowed}, but got: {vmap_method!r}.")
+
+
+def check_operands(flat, flavour: str) -> None:
+  for leaf in flat:
+    if not (isinstance(leaf, (jax.Array, np.ndarray, np.generic) + _NUMBERS)
+            or isinstance(leaf, jax.core.Tracer)):
+      raise TypeError(
+          f"{flavour}: every leaf of the callback's arguments must be a JAX "
+          f"array, a NumPy array or a Python number; got {leaf!r} of type "
+          f"{type(leaf).__name__}. Pass other Python objects to the callback "
+          "through a closure or functools.partial instead.")
+
+
+def with_rules(callback, jvp, vjp, finite_differences):
+  """``callback`` as a ``HostFunction`` if derivative options were given."""
+  if jvp is None and vjp is None and not finite_differences:
+    return callback
+  if isinstance(callback, derivatives.HostFunction):
+    raise TypeError("pass derivative rules either on the HostFunction or as "
+                    "jvp=/vjp=/finite_differences=, not both.")
+  return derivatives.HostFunction(callback, jvp=jvp, vjp=vjp,
+                                  finite_differences=finite_differences)
+
+
+def stage(flavour: str, callback: Callable, result_shape_dtypes, args: tuple,
+          kwargs: dict, *, mode: str, sharding=None,
+          vmap_method: str | None,
+          vmap_error: Callable[[], Exception] | None = None,
+          jvp_error: Callable[[], Exception] | None = None) -> Any:
+  """Stages ``callback(*args, **kwargs)`` on the host; returns its result.
+
+  ``jvp_error`` builds the exception raised when a non-zero tangent reaches
+  a call without rules (``None``: its results are constants).
+  """
+  check_callable(callback, f"{flavour}'s callback")
+  flat, in_tree = jax.tree_util.tree_flatten((args, kwargs))
+  check_operands(flat, flavour)
+  out_tree, out_avals = results.avals_from_shapes(result_shape_dtypes,
+                                                  "result_shape_dtypes")
+  derivs = None
+  if isinstance(callback, derivatives.HostFunction) and out_avals:
+    in_avals = [jax.core.ShapedArray(np.shape(x), jnp.result_type(x))
+                for x in flat]
+    derivs = _linear.Derivatives(callback, in_tree, in_avals, out_tree,
+                                 out_avals)
+  spec = CallbackSpec(
+      flavour=flavour, callback=callback, in_tree=in_tree,
+      result_tree=out_tree, result_avals=out_avals, vmap_method=vmap_method,
+      vmap_error=vmap_error, jvp_error=jvp_error, derivatives=derivs)
+  outs = bind(flat, target=CallbackTarget(spec), identity=False,
+              result_avals=out_avals, mode=mode, sharding=sharding)
+  return jax.tree_util.tree_unflatten(out_tree, outs)

@@ -1,0 +1,190 @@
+"""``hostcall.debug_callback`` and ``hostcall.debug_print``: JAX's, on hostcall."""
+
+from __future__ import annotations
+
+import string
+import sys
+import threading
+from typing import Any, Callable
+
+import jax
+import numpy as np
+
+from hostcall._core.host import check_callable
+from hostcall._flavours import _stage
+
+_print_lock = threading.Lock()
+
+
+def _is_dynamic(leaf) -> bool:
+  return isinstance(leaf, (jax.Array, jax.core.Tracer, np.ndarray, np.generic,
+                           bool, int, float, complex))
+
+
+class _WithStatic:
+  """Calls ``fn(*args, **kwargs)`` from the dynamic leaves, static ones kept."""
+
+  def __init__(self, fn, in_tree, static: dict):
+    self.fn, self.in_tree, self.static = fn, in_tree, static
+    self.__name__ = getattr(fn, "__name__", repr(fn))
+
+  def _key(self):
+    return (self.fn, self.in_tree, tuple(sorted(
+        (i, repr(v)) for i, v in self.static.items())))
+
+  def __hash__(self):
+    try:
+      return hash(self._key())
+    except TypeError:
+      return id(self)
+
+  def __eq__(self, other):
+    if not isinstance(other, _WithStatic):
+      return NotImplemented
+    try:
+      return self._key() == other._key()
+    except TypeError:
+      return self is other
+
+  def __call__(self, *dynamic):
+    dynamic = iter(dynamic)
+    flat = [self.static[i] if i in self.static else next(dynamic)
+            for i in range(self.in_tree.num_leaves)]
+    args, kwargs = jax.tree_util.tree_unflatten(self.in_tree, flat)
+    self.fn(*args, **kwargs)
+
+
+def _stage_debug(flavour, fn, args, kwargs, ordered):
+  flat, in_tree = jax.tree_util.tree_flatten((args, kwargs))
+  static = {i: leaf for i, leaf in enumerate(flat) if not _is_dynamic(leaf)}
+  dynamic = [leaf for leaf in flat if _is_dynamic(leaf)]
+  _stage.stage(flavour, _WithStatic(fn, in_tree, static), None,
+               tuple(dynamic), {}, mode="ordered" if ordered else "unordered",
+               vmap_method="sequential", jvp_error=None)
+
+
+def debug_callback(callback: Callable[..., None] | None = None, *args: Any,
+                   ordered: bool = False, partitioned: bool = False,
+                   **kwargs: Any):
+  """Calls a Python function for its side effect; ``jax.debug.callback``'s
+  drop-in, including its two-call form ``debug_callback(ordered=True)(f, x)``.
+
+  Arguments:
+    callback: called as ``callback(*args, **kwargs)`` with NumPy arrays (and
+      non-array arguments as given); its return value is ignored.
+    *args, **kwargs: what to pass it.
+    ordered: sequence this call with the other ordered callbacks.
+    partitioned: accepted for compatibility; the value is always the global
+      one (see docs/compatibility.md).
+
+  Returns:
+    None (or, in the two-call form, the function taking the callback).
+
+  Under ``vmap`` the callback runs once per batch element, in index order;
+  under ``jvp``/``grad`` once, on primal values. An exception in the callback
+  fails the JAX call that ran it, as in JAX.
+
+  Example:
+    >>> import jax, jax.numpy as jnp, hostcall
+    >>> jax.vmap(lambda x: hostcall.debug_callback(print, "x =", x))(
+    ...     jnp.arange(2)); hostcall.barrier()
+    x = 0
+    x = 1
+  """
+  del partitioned
+
+  def staged(fn, *c_args, **c_kwargs):
+    check_callable(fn, "debug_callback's callback")
+    _stage_debug("debug_callback", fn, c_args, c_kwargs, ordered)
+
+  if callback is not None:
+    staged(callback, *args, **kwargs)
+    return None
+  if args or kwargs:
+    raise TypeError("debug_callback received unexpected arguments in the "
+                    f"two-call form: {args=} {kwargs=}")
+  return staged
+
+
+class _FormatChecker(string.Formatter):
+
+  def format_field(self, value, format_spec):
+    return ""
+
+  def check_unused_args(self, used_args, args, kwargs):
+    unused = [a for i, a in enumerate(args) if i not in used_args]
+    unused_kw = [k for k in kwargs if k not in used_args]
+    if unused:
+      raise ValueError(
+          f"Unused positional arguments to `jax.debug.print`: {unused}")
+    if unused_kw:
+      raise ValueError(
+          f"Unused keyword arguments to `jax.debug.print`: {unused_kw}. You "
+          "may be passing an f-string (i.e, `f\"{x}\"`) into "
+          "`jax.debug.print` and instead should pass in a regular string.")
+
+
+class _Printer:
+  """Formats and prints on the host, with the NumPy print options of the
+  trace."""
+
+  def __init__(self, fmt, printoptions, has_placeholders):
+    self.fmt, self.printoptions = fmt, printoptions
+    self.has_placeholders = has_placeholders
+    self.__name__ = "debug_print"
+
+  def __hash__(self):
+    return hash((self.fmt, self.printoptions, self.has_placeholders))
+
+  def __eq__(self, other):
+    return isinstance(other, _Printer) and (
+        (self.fmt, self.printoptions, self.has_placeholders) ==
+        (other.fmt, other.printoptions, other.has_placeholders))
+
+  def __call__(self, *args, **kwargs):
+    with np.printoptions(**dict(self.printoptions)):
+      if self.has_placeholders:
+        message = self.fmt.format(*args, **kwargs)
+      else:
+        message = " ".join((self.fmt, *(str(a) for a in args)))
+    with _print_lock:
+      sys.stdout.write(message + "\n")
+
+
+def debug_print(fmt: str | None = None, *args: Any, ordered: bool = False,
+                partitioned: bool = False, **kwargs: Any):
+  """Prints runtime values from inside transformed code; ``jax.debug.print``'s
+  drop-in (``fmt.format(*args, **kwargs)``, two-call form included).
+
+  Arguments:
+    fmt: a format string, with ``{}`` placeholders (not an f-string).
+    *args, **kwargs: the values to format.
+    ordered: sequence this print with the other ordered callbacks.
+    partitioned: accepted for compatibility, as for ``debug_callback``.
+
+  Returns:
+    None.
+
+  Example:
+    >>> import jax, hostcall
+    >>> jax.jit(lambda x: hostcall.debug_print("x = {}", x))(2); hostcall.barrier()
+    x = 2
+  """
+  def staged(fmt: str, *c_args, **c_kwargs):
+    _FormatChecker().format(fmt, *c_args, **c_kwargs)
+    has_placeholders = False
+    if fmt:
+      _, field, *_ = next(iter(string.Formatter().parse(fmt)))
+      has_placeholders = field is not None
+    printer = _Printer(fmt, tuple(np.get_printoptions().items()),
+                       has_placeholders)
+    _stage_debug("debug_print", printer, c_args, c_kwargs, ordered)
+
+  del partitioned
+  if fmt is not None:
+    staged(fmt, *args, **kwargs)
+    return None
+  if args or kwargs:
+    raise TypeError("debug_print received unexpected arguments in the "
+                    f"two-call form: {args=} {kwargs=}")
+  return staged
