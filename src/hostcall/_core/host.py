@@ -84,6 +84,10 @@ class HostTarget:
     """
     raise NotImplementedError(f"vmap of {self!r} is not supported.")
 
+  def has_derivatives(self) -> bool:
+    """Whether ``jvp`` computes tangents (rather than returning None)."""
+    return False
+
   def jvp(self, primals, tangents) -> list | None:
     """Tangents of a value-returning call's results, staged with JAX ops, or
     None when the target has no derivative rule."""

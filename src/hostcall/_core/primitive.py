@@ -33,7 +33,7 @@ from jax.interpreters import ad, batching, mlir
 from jax.interpreters import partial_eval as pe
 
 from hostcall import _jax_private
-from hostcall._core import host
+from hostcall._core import batched_ad, host
 
 hostcall_p = jex_core.Primitive("hostcall")
 hostcall_p.multiple_results = True
@@ -143,26 +143,40 @@ def _leading(x, dim, size, method):
   return jax.lax.expand_dims(x, (0,))
 
 
-def _jvp_rule(primals, tangents, *, identity, target, **params):
+def _jvp_rule(primals, tangents, *, identity, target, transforms, **params):
+  outs = hostcall_p.bind(*primals, identity=identity, target=target,
+                         transforms=transforms, **params)
   if identity:
     # Taps see primal values only, once per primal evaluation; tangents flow
     # through as through the identity.
-    outs = hostcall_p.bind(*primals, identity=identity, target=target,
-                           **params)
     return outs, list(tangents)
   out_tangents = None
   if any(type(t) is not ad.Zero for t in tangents):
-    out_tangents = target.jvp(primals, tangents)
+    levels = batched_ad.batch_levels(transforms)
+    if levels and target.has_derivatives():
+      if target.vmap_method() == "expand_dims":
+        raise NotImplementedError(
+            f"differentiating {target!r} after vmap with "
+            "vmap_method='expand_dims' is not supported: its unbatched "
+            "operands were given a unit axis. Use 'broadcast_all' or "
+            "'sequential', or differentiate inside the vmap.")
+      out_tangents = batched_ad.lifted_jvp(target.jvp, levels, list(primals),
+                                           list(tangents))
+    else:
+      out_tangents = target.jvp(primals, tangents)
     if out_tangents is None:
       target.check_differentiable()  # raises unless results are constants
-  outs = hostcall_p.bind(*primals, identity=identity, target=target, **params)
   if out_tangents is None:
     out_tangents = [ad.Zero(jax.typeof(o).to_tangent_aval()) for o in outs]
   return outs, list(out_tangents)
 
 
-def _transpose_rule(cts, *args, target, **params):
+def _transpose_rule(cts, *args, target, transforms, **params):
   del params
+  levels = batched_ad.batch_levels(transforms)
+  if levels:
+    return batched_ad.lifted_transpose(target.transpose, levels, list(cts),
+                                       args)
   return target.transpose(cts, args)
 
 

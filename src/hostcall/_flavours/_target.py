@@ -81,6 +81,9 @@ class CallbackTarget(host.HostTarget):
       raise self.spec.vmap_error()
     return self.spec.vmap_method
 
+  def has_derivatives(self) -> bool:
+    return self.spec.derivatives is not None
+
   def jvp(self, primals, tangents):
     if self.spec.derivatives is None:
       return None
