@@ -370,3 +370,15 @@ def test_context_reports_process_index():
   from hostcall import CallContext
   ctx = CallContext((), jax.devices()[0])
   assert ctx.process_index == 0
+
+
+def test_unused_tap_in_loop_under_grad_still_runs(recorder):
+  # The tap's output is dropped; partial evaluation must keep it anyway.
+  def f(x):
+    def body(i, c):
+      hcb.id_tap(recorder, c)
+      return c * 2.0
+    return lax.fori_loop(0, 3, body, x)
+  assert float(jax.grad(f)(1.0)) == 8.0
+  hcb.barrier_wait()
+  assert recorder.values == [1.0, 2.0, 4.0]

@@ -44,6 +44,7 @@ def test_effect_registries_accept_a_new_effect():
                    effects.control_flow_allowed_effects,
                    effects.custom_derivatives_allowed_effects,
                    effects.remat_allowed_effects, effects.ordered_effects,
+                   effects.partial_eval_kept_effects,
                    effects.shardable_ordered_effects):
     assert registry.contains(probe)
 

@@ -34,6 +34,9 @@ def register_effect(effect_type: type, *, ordered: bool) -> None:
       _effects.control_flow_allowed_effects,
       _effects.custom_derivatives_allowed_effects,
       _effects.remat_allowed_effects,
+      # Kept through partial evaluation (grad of a loop body), as JAX keeps
+      # its debug callbacks.
+      _effects.partial_eval_kept_effects,
   ):
     registry.add_type(effect_type)
   if ordered:
