@@ -39,3 +39,33 @@ def test_seed_003_examples():
   np.testing.assert_allclose(
       np.array(printed.strip("[]").split(), dtype=np.float32), expected,
       rtol=1e-5)
+
+
+def test_seed_000_io_callback_examples():
+  out = _run("seed_000_io_callback.py")
+  lines = out.splitlines()
+  assert lines[0].startswith("intermediate value: ") and "Tracer" in lines[0]
+  assert lines[1] == "intermediate value: 3"
+  assert lines[2:4] == ["generating float32[5]"] * 2
+  assert "state advanced: True" in lines
+  # Unordered vmap: one host call per element.
+  assert lines[lines.index("state advanced: True") + 1:][:5] == [
+      "generating float32[]"] * 5
+  assert "ValueError: Cannot `vmap` ordered IO callback." in lines
+  assert "ordered vmap: [[" in out
+  assert out.count("generating float32[3]") == 3
+  assert "scan: [" in out
+  assert "hello" in lines
+  assert "ValueError: IO callbacks do not support JVP." in lines
+  grads = out.split("grad with differentiable=False: [")[1].split("]")[0]
+  assert len(grads.split()) == 3
+
+
+def test_seed_002_pure_callback_examples():
+  out = _run("seed_002_pure_callback.py")
+  assert "batched output shape: (10, 3, 3)" in out
+  error = float(out.split("max abs error against the analytic gradient: ")[1]
+                .split()[0])
+  assert error < 1e-4  # the tolerance docs/flavours.md states
+  assert "multiple outputs: res1=Array(20., dtype=float32), " \
+         "res2=Array(6., dtype=float32)" in out
