@@ -1,0 +1,31 @@
+"""The Python snippets in README.md and docs/*.md run."""
+
+import pathlib
+import re
+
+import pytest
+
+import hostcall
+
+ROOT = pathlib.Path(__file__).parent.parent
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+SNIPPETS = [(doc.name, i, code) for doc in DOCS
+            for i, code in enumerate(re.findall(r"```python\n(.*?)```",
+                                                doc.read_text(), re.S))]
+
+
+@pytest.mark.parametrize("name,index,code", SNIPPETS,
+                         ids=[f"{n}#{i}" for n, i, _ in SNIPPETS])
+def test_snippet_runs(name, index, code):
+  # Fails if the snippet raises, or if a callback it started raised.
+  exec(compile(code, f"{name}#{index}", "exec"), {})
+  hostcall.barrier()
+
+
+def test_readme_example_prints_what_it_says(capsys):
+  code = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(),
+                    re.S)[0]
+  exec(compile(code, "README.md#0", "exec"), {})
+  hostcall.barrier()
+  expected = [line[2:] for line in code.splitlines() if line.startswith("# ")]
+  assert capsys.readouterr().out.splitlines() == expected
