@@ -21,7 +21,6 @@ import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.experimental import io_callback
 
 from hostcall import host_callback as hcb

@@ -34,16 +34,15 @@ import functools
 import inspect
 import sys
 import threading
-from typing import Any, Callable
+from typing import Callable
 
 import jax
-import numpy as np
 
 from hostcall import _printing
 from hostcall._core import CallbackException, HostTarget, barrier, bind
 from hostcall._core import results
-from hostcall._core.host import check_callable
-from hostcall._core.host import CallContext
+from hostcall._core.host import (CallContext, check_callable, check_operands,
+                                 hash_key)
 
 __all__ = [
     "CallbackException",
@@ -64,19 +63,11 @@ TapFunctionException = CallbackException
 _ACCEPTED_NO_OP_KWARGS = frozenset({"tap_with_transform", "callback_flavor"})
 
 
-def _hash_key(fn) -> Any:
-  try:
-    hash(fn)
-    return fn
-  except TypeError:
-    return ("id", id(fn))
-
-
 class _Tap(HostTarget):
   """``tap_func(arg, transforms[, device=dev])`` for ``id_tap``."""
 
   def __init__(self, fn, in_tree, with_device):
-    super().__init__((_hash_key(fn), in_tree, with_device))
+    super().__init__((hash_key(fn), in_tree, with_device))
     self.fn, self.in_tree, self.with_device = fn, in_tree, with_device
 
   def deliver(self, flat_args, context: CallContext):
@@ -98,7 +89,7 @@ class _Call(HostTarget):
 
   def __init__(self, fn, in_tree, result_tree, result_avals, with_device,
                unpack):
-    super().__init__((_hash_key(fn), in_tree, result_tree, result_avals,
+    super().__init__((hash_key(fn), in_tree, result_tree, result_avals,
                       with_device, unpack))
     self.fn, self.in_tree = fn, in_tree
     self.result_tree, self.result_avals = result_tree, result_avals
@@ -126,18 +117,6 @@ class _Call(HostTarget):
 
   def __repr__(self):
     return f"call({self.name!r})"
-
-
-def _check_leaves(flat_args, what: str) -> None:
-  for leaf in flat_args:
-    if not (isinstance(leaf, (jax.Array, np.ndarray, np.generic, bool, int,
-                              float, complex))
-            or isinstance(leaf, jax.core.Tracer)):
-      raise TypeError(
-          f"{what}: every leaf of the tapped argument must be a JAX array, a "
-          f"NumPy array or a Python number; got {leaf!r} of type "
-          f"{type(leaf).__name__}. Pass non-array data to the host function "
-          "through a closure or functools.partial instead.")
 
 
 def _unpack_tuple_arg(fn, arg, with_device: bool) -> bool:
@@ -203,9 +182,9 @@ def id_tap(tap_func: Callable, arg, *, result=None, tap_with_device=False,
         f"``functools.partial(tap_func, **kwargs)``. Got {sorted(unknown)}.")
   check_callable(tap_func, "id_tap's tap_func")
   flat, in_tree = jax.tree_util.tree_flatten(arg)
-  _check_leaves(flat, "id_tap")
+  check_operands(flat, "id_tap")
   if result is not None:
-    _check_leaves(jax.tree_util.tree_leaves(result), "id_tap's result")
+    check_operands(jax.tree_util.tree_leaves(result), "id_tap's result")
   outs = bind(flat, target=_Tap(tap_func, in_tree, bool(tap_with_device)),
               identity=True, device_index=device_index)
   if result is not None:
@@ -301,7 +280,7 @@ def call(callback_func: Callable, arg, *, result_shape=None,
     result_shape = result_shape_dtypes
   check_callable(callback_func, "call's callback_func")
   flat, in_tree = jax.tree_util.tree_flatten(arg)
-  _check_leaves(flat, "call")
+  check_operands(flat, "call")
   result_tree, result_avals = results.avals_from_shapes(result_shape,
                                                        "result_shape")
   unpack = _unpack_tuple_arg(callback_func, arg, bool(call_with_device))

@@ -208,3 +208,33 @@ def check_callable(fn: Callable, what: str) -> None:
     raise TypeError(
         f"{what} must be callable, got {fn!r} of type {type(fn).__name__}; "
         "pass the function itself, e.g. `id_tap(print_fn, x)`, not its result.")
+
+
+_ARRAY_LIKE = (jax.Array, jax.core.Tracer, np.ndarray, np.generic, bool, int,
+               float, complex)
+
+
+def is_array_like(leaf) -> bool:
+  """Whether ``leaf`` can travel to the host as an array operand."""
+  return isinstance(leaf, _ARRAY_LIKE)
+
+
+def check_operands(flat, what: str) -> None:
+  """Raises a ``TypeError`` naming the first leaf that is not array-like."""
+  for leaf in flat:
+    if not is_array_like(leaf):
+      raise TypeError(
+          f"{what}: every leaf of the arguments sent to the host must be a "
+          f"JAX array, a NumPy array or a Python number; got {leaf!r} of type "
+          f"{type(leaf).__name__}. Pass other Python objects to the host "
+          "function through a closure or functools.partial instead.")
+
+
+def hash_key(fn) -> Any:
+  """``fn`` itself when hashable (so equal functions share compilations),
+  else its identity."""
+  try:
+    hash(fn)
+    return fn
+  except TypeError:
+    return ("id", id(fn))

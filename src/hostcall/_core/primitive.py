@@ -27,7 +27,6 @@ from typing import Sequence
 import jax
 import numpy as np
 from jax.extend import core as jex_core
-from jax.extend.mlir import ir
 from jax.extend.mlir.dialects import stablehlo as hlo
 from jax.interpreters import ad, batching, mlir
 from jax.interpreters import partial_eval as pe

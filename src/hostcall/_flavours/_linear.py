@@ -10,7 +10,7 @@ reverse rule, and vice versa. The core primitive calls ``target.jvp`` and
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -151,7 +151,7 @@ class LinearTarget(host.HostTarget):
   def transpose(self, cts, args) -> list:
     d = self.derivs
     n = len(d.in_avals)
-    residuals, linear = args[:n], args[n:]
+    residuals = args[:n]
     if any(ad.is_undefined_primal(r) for r in residuals):
       raise NotImplementedError(
           f"{self!r} can only be transposed in its tangent operands.")

@@ -9,29 +9,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from hostcall._core import bind, results
-from hostcall._core.host import check_callable
+from hostcall._core.host import check_callable, check_operands
 from hostcall._flavours import _linear, derivatives
 from hostcall._flavours._target import VMAP_METHODS, CallbackSpec, CallbackTarget
-
-_NUMBERS = (bool, int, float, complex)
-
 
 def check_vmap_method(vmap_method) -> None:
   allowed = [*VMAP_METHODS, "legacy_vectorized", None]
   if vmap_method not in allowed:
     raise ValueError(
         f"vmap_method must be one of {allowed}, but got: {vmap_method!r}.")
-
-
-def check_operands(flat, flavour: str) -> None:
-  for leaf in flat:
-    if not (isinstance(leaf, (jax.Array, np.ndarray, np.generic) + _NUMBERS)
-            or isinstance(leaf, jax.core.Tracer)):
-      raise TypeError(
-          f"{flavour}: every leaf of the callback's arguments must be a JAX "
-          f"array, a NumPy array or a Python number; got {leaf!r} of type "
-          f"{type(leaf).__name__}. Pass other Python objects to the callback "
-          "through a closure or functools.partial instead.")
 
 
 def with_rules(callback, jvp, vjp, finite_differences):

@@ -9,17 +9,10 @@ import jax
 import numpy as np
 
 from hostcall._core import host, results
+from hostcall._core.host import hash_key
 
 VMAP_METHODS = ("sequential", "sequential_unrolled", "expand_dims",
                 "broadcast_all")
-
-
-def hash_key(fn) -> Any:
-  try:
-    hash(fn)
-    return fn
-  except TypeError:
-    return ("id", id(fn))
 
 
 def call_per_element(call: Callable[[list], list], flat_args: list,

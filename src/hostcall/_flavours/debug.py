@@ -10,15 +10,10 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from hostcall._core.host import check_callable
+from hostcall._core.host import check_callable, is_array_like
 from hostcall._flavours import _stage
 
 _print_lock = threading.Lock()
-
-
-def _is_dynamic(leaf) -> bool:
-  return isinstance(leaf, (jax.Array, jax.core.Tracer, np.ndarray, np.generic,
-                           bool, int, float, complex))
 
 
 class _WithStatic:
@@ -56,8 +51,8 @@ class _WithStatic:
 
 def _stage_debug(flavour, fn, args, kwargs, ordered):
   flat, in_tree = jax.tree_util.tree_flatten((args, kwargs))
-  static = {i: leaf for i, leaf in enumerate(flat) if not _is_dynamic(leaf)}
-  dynamic = [leaf for leaf in flat if _is_dynamic(leaf)]
+  static = {i: leaf for i, leaf in enumerate(flat) if not is_array_like(leaf)}
+  dynamic = [leaf for leaf in flat if is_array_like(leaf)]
   _stage.stage(flavour, _WithStatic(fn, in_tree, static), None,
                tuple(dynamic), {}, mode="ordered" if ordered else "unordered",
                vmap_method="sequential", jvp_error=None)
@@ -97,12 +92,18 @@ def debug_callback(callback: Callable[..., None] | None = None, *args: Any,
     check_callable(fn, "debug_callback's callback")
     _stage_debug("debug_callback", fn, c_args, c_kwargs, ordered)
 
-  if callback is not None:
-    staged(callback, *args, **kwargs)
+  return _one_or_two_calls("debug_callback", staged, callback, args, kwargs)
+
+
+def _one_or_two_calls(name, staged, first, args, kwargs):
+  """JAX's two forms: ``name(first, *args)`` now, or ``name(**options)``
+  returning the function that takes them."""
+  if first is not None:
+    staged(first, *args, **kwargs)
     return None
   if args or kwargs:
-    raise TypeError("debug_callback received unexpected arguments in the "
-                    f"two-call form: {args=} {kwargs=}")
+    raise TypeError(f"{name} received unexpected arguments in the two-call "
+                    f"form: {args=} {kwargs=}")
   return staged
 
 
@@ -181,10 +182,4 @@ def debug_print(fmt: str | None = None, *args: Any, ordered: bool = False,
     _stage_debug("debug_print", printer, c_args, c_kwargs, ordered)
 
   del partitioned
-  if fmt is not None:
-    staged(fmt, *args, **kwargs)
-    return None
-  if args or kwargs:
-    raise TypeError("debug_print received unexpected arguments in the "
-                    f"two-call form: {args=} {kwargs=}")
-  return staged
+  return _one_or_two_calls("debug_print", staged, fmt, args, kwargs)

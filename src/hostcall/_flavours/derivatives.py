@@ -30,7 +30,7 @@ gives second order (jax issue 16650).
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
