@@ -12,12 +12,18 @@ Public API:
   API (``id_tap``, ``id_print``, ``call``, ``barrier_wait``) on modern JAX.
 * ``hostcall.barrier()``: wait for every callback started so far and raise
   what tap functions raised.
+* ``hostcall.set_delivery`` / ``hostcall.delivery``: synchronous taps (the
+  default) or asynchronous ones (queued, delivered by a host thread, the
+  device never waiting for Python); ``hostcall.set_queue_capacity``,
+  ``hostcall.queue_stats``.
 * ``hostcall.CallbackException``, ``hostcall.CallContext``,
   ``hostcall.fd_step``.
 """
 
 from hostcall import host_callback
-from hostcall._core import CallbackException, CallContext, barrier
+from hostcall._core import (CallbackException, CallContext, barrier,
+                            delivery, set_delivery)
+from hostcall._core.asynchronous import queue_stats, set_queue_capacity
 from hostcall._flavours.debug import debug_callback, debug_print
 from hostcall._flavours.derivatives import HostFunction, fd_step
 from hostcall._flavours.io import io_callback
@@ -31,6 +37,10 @@ __all__ = [
     "HostFunction",
     "__version__",
     "barrier",
+    "delivery",
+    "queue_stats",
+    "set_delivery",
+    "set_queue_capacity",
     "debug_callback",
     "debug_print",
     "fd_step",

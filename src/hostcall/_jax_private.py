@@ -11,9 +11,11 @@ moves or changes shape in a new JAX release.
 from __future__ import annotations
 
 from jax._src import callback as _callback
+from jax._src import core as _core
 from jax._src import dispatch as _dispatch
 from jax._src import effects as _effects
 from jax._src import sharding_impls as _sharding_impls
+from jax._src.interpreters import mlir as _mlir
 from jax._src.interpreters import partial_eval as _pe
 
 #: Axis context of a ``shard_map`` body (manual, per-device semantics).
@@ -25,6 +27,15 @@ ShardingContext = _sharding_impls.ShardingContext
 #: JAX gives its own callbacks (MAXIMAL on one device under ``jit``, MANUAL
 #: under ``shard_map``), or None on one device.
 callback_op_sharding = _callback._callback_op_sharding
+
+
+#: ``set_sharding(module_context, op, sharding)``: annotate a custom call we
+#: emit ourselves with the sharding ``callback_op_sharding`` chose.
+set_sharding = _mlir.set_sharding
+
+
+#: The token aval, compared by identity when lowering custom calls.
+abstract_token = _core.abstract_token
 
 
 def register_effect(effect_type: type, *, ordered: bool) -> None:

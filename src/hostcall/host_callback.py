@@ -69,9 +69,13 @@ class _Tap(HostTarget):
   def __init__(self, fn, in_tree, with_device):
     super().__init__((hash_key(fn), in_tree, with_device))
     self.fn, self.in_tree, self.with_device = fn, in_tree, with_device
+    self.single_leaf = in_tree == jax.tree_util.tree_structure(0)
 
   def deliver(self, flat_args, context: CallContext):
-    arg = jax.tree_util.tree_unflatten(self.in_tree, flat_args)
+    if self.single_leaf:
+      arg = flat_args[0]
+    else:
+      arg = self.in_tree.unflatten(flat_args)
     if self.with_device:
       self.fn(arg, context.transforms, device=context.device)
     else:
@@ -146,7 +150,7 @@ def _unpack_tuple_arg(fn, arg, with_device: bool) -> bool:
 
 
 def id_tap(tap_func: Callable, arg, *, result=None, tap_with_device=False,
-           device_index=0, **kwargs):
+           device_index=0, delivery: str | None = None, **kwargs):
   """Identity on ``arg`` that calls ``tap_func`` on the host with its value.
 
   Arguments:
@@ -161,6 +165,8 @@ def id_tap(tap_func: Callable, arg, *, result=None, tap_with_device=False,
     tap_with_device: pass the calling device to ``tap_func`` as ``device=``.
     device_index: under ``jit`` over several devices, the device (index in
       the computation's device assignment) that makes the one call.
+    delivery: hostcall's extra: ``"sync"`` or ``"async"`` (see
+      ``hostcall.set_delivery``); None: the mode in force.
     **kwargs: ``tap_with_transform`` and ``callback_flavor`` are accepted for
       old code and change nothing; anything else raises ``TypeError``.
 
@@ -186,7 +192,7 @@ def id_tap(tap_func: Callable, arg, *, result=None, tap_with_device=False,
   if result is not None:
     check_operands(jax.tree_util.tree_leaves(result), "id_tap's result")
   outs = bind(flat, target=_Tap(tap_func, in_tree, bool(tap_with_device)),
-              identity=True, device_index=device_index)
+              identity=True, device_index=device_index, delivery=delivery)
   if result is not None:
     return result
   return jax.tree_util.tree_unflatten(in_tree, outs)
@@ -208,7 +214,8 @@ def _print_tap(arg, transforms, *, device=None, output_stream=None,
 
 
 def id_print(arg, *, result=None, tap_with_device=False, device_index=0,
-             output_stream=None, threshold=None, **kwargs):
+             output_stream=None, threshold=None, delivery: str | None = None,
+             **kwargs):
   """Like ``id_tap`` with a tap function that prints ``arg`` on the host.
 
   Prints first the keyword arguments sorted by key (``what: ...``), with
@@ -218,7 +225,7 @@ def id_print(arg, *, result=None, tap_with_device=False, device_index=0,
 
   Arguments:
     arg: the pytree to print; it is also returned (unless ``result``).
-    result, tap_with_device, device_index: as for ``id_tap``.
+    result, tap_with_device, device_index, delivery: as for ``id_tap``.
     output_stream: an object with ``write(str)``; ``sys.stdout`` if None.
     threshold: passed to ``numpy.array2string``.
     **kwargs: printed before the value (``tap_with_transform`` and
@@ -239,7 +246,7 @@ def id_print(arg, *, result=None, tap_with_device=False, device_index=0,
   printer = functools.partial(_print_tap, output_stream=output_stream,
                               threshold=threshold, **kwargs)
   return id_tap(printer, arg, result=result, tap_with_device=tap_with_device,
-                device_index=device_index)
+                device_index=device_index, delivery=delivery)
 
 
 def call(callback_func: Callable, arg, *, result_shape=None,

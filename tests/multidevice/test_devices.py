@@ -124,3 +124,34 @@ def test_device_index_out_of_range_is_a_clear_error():
   x = jax.device_put(jnp.arange(8.0), NamedSharding(mesh, P("i")))
   with pytest.raises(ValueError, match="device_index=7 is out of range"):
     jax.jit(lambda x: hcb.id_tap(lambda *a: None, x, device_index=7))(x)
+
+
+def test_async_taps_under_pmap_and_shard_map_keep_per_device_order(recorder):
+  def loop(x):
+    def body(c, _):
+      hcb.id_tap(recorder, c, tap_with_device=True, delivery="async")
+      return c + 1, None
+    return lax.scan(body, x, None, length=3)[0]
+  jax.pmap(loop)(jnp.arange(4) * 10)
+  hcb.barrier_wait()
+  assert _by_device(recorder) == {d: [10 * d + i for i in range(3)]
+                                  for d in range(4)}
+  recorder.calls.clear()
+  mesh = Mesh(np.array(jax.devices()), ("i",))
+  f = jax.jit(jax.shard_map(
+      lambda x: hcb.id_tap(recorder, x, tap_with_device=True,
+                           delivery="async"),
+      mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+  f(jnp.arange(8.0))
+  hcb.barrier_wait()
+  assert _by_device(recorder) == {i: [[2.0 * i, 2.0 * i + 1]]
+                                  for i in range(4)}
+
+
+def test_async_tap_under_sharded_jit_is_gathered(recorder):
+  mesh = Mesh(np.array(jax.devices()), ("i",))
+  x = jax.device_put(jnp.arange(8.0), NamedSharding(mesh, P("i")))
+  jax.jit(lambda x: hcb.id_tap(recorder, x, tap_with_device=True,
+                               delivery="async"))(x)
+  hcb.barrier_wait()
+  assert _by_device(recorder) == {0: [list(np.arange(8.0))]}

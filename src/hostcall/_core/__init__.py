@@ -11,6 +11,7 @@ from hostcall._core.host import (
     HostTarget,
     barrier,
 )
+from hostcall._core.modes import delivery, set_delivery
 from hostcall._core.primitive import bind, hostcall_p
 
 __all__ = [
@@ -19,5 +20,7 @@ __all__ = [
     "HostTarget",
     "barrier",
     "bind",
+    "delivery",
+    "set_delivery",
     "hostcall_p",
 ]

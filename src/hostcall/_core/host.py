@@ -148,15 +148,20 @@ def _unpack_transforms(transforms: tuple) -> tuple:
   return tuple(unpacked)
 
 
-def run(target: HostTarget, flat_args: Sequence[np.ndarray],
-        transforms: tuple, device) -> tuple:
-  """Runs ``target`` for one call reaching the host; the runtime calls this."""
-  # The runtime lends us views of device buffers that it reuses once we
-  # return; a host function that keeps its argument must keep a copy.
-  flat_args = [np.array(a, copy=True) for a in flat_args]
-  context = CallContext(
+def make_context(transforms: tuple, device) -> CallContext:
+  """The context of one call site on one device, built once at lowering."""
+  return CallContext(
       _unpack_transforms(transforms), device,
       tuple((t[1], t[2]) for t in transforms if t[0] == "batch"))
+
+
+def run(target: HostTarget, flat_args: Sequence[np.ndarray],
+        context: CallContext, copy: bool = True) -> tuple:
+  """Runs ``target`` for one call reaching the host; the runtime calls this."""
+  if copy:
+    # The runtime lends us views of device buffers that it reuses once we
+    # return; a host function that keeps its argument must keep a copy.
+    flat_args = [np.array(a) for a in flat_args]
   if target.returns_results:
     try:
       return tuple(target.deliver(flat_args, context))
@@ -193,7 +198,8 @@ def barrier(logging_name: str | None = None) -> None:
     [3]
   """
   logger.debug("barrier %s: waiting", logging_name or "")
-  jax.effects_barrier()
+  from hostcall._core import asynchronous  # the queue starts on first use
+  asynchronous.wait()
   logger.debug("barrier %s: done", logging_name or "")
   failure = errors.take()
   if failure is not None:

@@ -13,7 +13,10 @@ One equation calls one host function. Its parameters:
   elided, free to move) or ``"pure"`` (no effect: may be elided, duplicated
   or reordered like any pure operation);
 * ``device_index``: under a global (``jit``) view of several devices, which
-  device of the computation makes the call.
+  device of the computation makes the call;
+* ``delivery``: ``"sync"`` (the host function runs inside the computation,
+  which waits for it) or ``"async"`` (taps only: the operands are queued and
+  a host thread delivers them; see ``asynchronous``).
 
 The rules, registered at the bottom of this file, in one place: abstract
 evaluation, eager evaluation, batching, JVP and the MLIR lowering.
@@ -32,7 +35,7 @@ from jax.interpreters import ad, batching, mlir
 from jax.interpreters import partial_eval as pe
 
 from hostcall import _jax_private
-from hostcall._core import batched_ad, host
+from hostcall._core import asynchronous, batched_ad, host, modes
 
 hostcall_p = jex_core.Primitive("hostcall")
 hostcall_p.multiple_results = True
@@ -59,18 +62,25 @@ _jax_private.require_devices_during_lowering(hostcall_p)
 
 def bind(flat_args: Sequence, *, target: host.HostTarget, identity: bool,
          result_avals: tuple = (), mode: str = "ordered",
-         device_index: int = 0, sharding=None) -> list:
+         device_index: int = 0, sharding=None,
+         delivery: str | None = None) -> list:
   """Stages one host call of ``target`` on ``flat_args``; returns flat results.
 
   ``sharding``: a ``SingleDeviceSharding`` naming the device that makes the
   call under a global view of several devices (overrides ``device_index``).
+  ``delivery``: ``"sync"`` or ``"async"``; None: the mode in force (see
+  ``modes``). A call with results is always synchronous.
   """
   if mode not in _EFFECTS:
     raise ValueError(f"mode must be one of {sorted(_EFFECTS)}, got {mode!r}")
+  delivery = modes.current() if delivery is None else modes._check(delivery)
+  if delivery == "async" and target.returns_results and (
+      result_avals or not identity):
+    delivery = "sync"  # a call with results must wait for them
   return hostcall_p.bind(
       *flat_args, target=target, transforms=(), identity=identity,
       result_avals=tuple(result_avals), mode=mode,
-      device_index=device_index, sharding=sharding)
+      device_index=device_index, sharding=sharding, delivery=delivery)
 
 
 _EFFECTS = {"ordered": ORDERED, "unordered": UNORDERED, "pure": None}
@@ -96,13 +106,13 @@ def _impl(*args, **params):
 
 
 def _run_inline(*args, target, transforms, identity, result_avals, mode,
-                device_index, sharding):
+                device_index, sharding, delivery):
   """Under ``jax.disable_jit()``: call the host function right here."""
-  del result_avals, mode, device_index, sharding
+  del result_avals, mode, device_index, sharding, delivery
   devices = [d for a in args if isinstance(a, jax.Array) for d in a.devices()]
   device = devices[0] if devices else jax.devices()[0]
-  results = host.run(target, [np.asarray(a) for a in args], transforms,
-                     device)
+  results = host.run(target, [np.asarray(a) for a in args],
+                     host.make_context(transforms, device))
   if identity:
     return list(args)
   return [jax.device_put(r, device) for r in results]
@@ -217,20 +227,8 @@ def _device_resolver(ctx, device_index: int):
 
 
 def _lowering(ctx, *args, target, transforms, identity, result_avals, mode,
-              device_index, sharding):
+              device_index, sharding, delivery):
   devices, partition = _device_resolver(ctx, device_index)
-  operands, operand_avals = list(args), list(ctx.avals_in)
-  if partition is not None:
-    operands.append(partition)
-    operand_avals.append(jax.core.ShapedArray((), np.uint32))
-
-    def callback(*flat):
-      *flat, pid = flat
-      return host.run(target, flat, transforms, devices[int(pid)])
-  else:
-    def callback(*flat):
-      return host.run(target, flat, transforms, devices)
-
   axis_context = ctx.module_context.axis_context
   chosen = None
   if (isinstance(axis_context, _jax_private.ShardingContext)
@@ -238,19 +236,78 @@ def _lowering(ctx, *args, target, transforms, identity, result_avals, mode,
     # Global view of several devices: one call, made by the chosen device.
     chosen = sharding or jax.sharding.SingleDeviceSharding(devices)
     devices = next(iter(chosen.device_set))
+  operands, operand_avals = list(args), list(ctx.avals_in)
+  if partition is not None:
+    # One call per device: the device is told by its partition id.
+    contexts = [host.make_context(transforms, d) for d in devices]
+    operands.append(partition)
+    operand_avals.append(jax.core.ShapedArray((), np.uint32))
+  else:
+    contexts = host.make_context(transforms, devices)
   op_sharding = _jax_private.callback_op_sharding(
       axis_context, chosen, result_avals)
   effect = _EFFECTS[mode]
   ordered = mode == "ordered"
   token = ctx.tokens_in.get(effect) if ordered else None
-  call_ctx = ctx.replace(avals_in=operand_avals, avals_out=list(result_avals))
-  results, token, _ = mlir.emit_python_callback(
-      call_ctx, callback, token, operands, operand_avals, list(result_avals),
-      has_side_effect=effect is not None, returns_token=ordered,
-      sharding=op_sharding)
+  if delivery == "async":
+    token = _lower_enqueue(ctx, target, contexts, token, operands,
+                           operand_avals, op_sharding)
+    results = []
+  else:
+    results, token = _lower_python_call(ctx, target, contexts, token,
+                                        operands, operand_avals, result_avals,
+                                        op_sharding, effect)
   if ordered:
     ctx.set_tokens_out(mlir.TokenSet({effect: token}))
   return list(args) if identity else list(results)
+
+
+def _lower_python_call(ctx, target, contexts, token, operands, operand_avals,
+                       result_avals, op_sharding, effect):
+  """The host function runs in the computation's thread, which waits."""
+  if isinstance(contexts, list):
+    def callback(*flat):
+      *flat, pid = flat
+      return host.run(target, flat, contexts[int(pid)])
+  else:
+    def callback(*flat):
+      return host.run(target, flat, contexts)
+
+  call_ctx = ctx.replace(avals_in=operand_avals, avals_out=list(result_avals))
+  results, token, _ = mlir.emit_python_callback(
+      call_ctx, callback, token, operands, operand_avals, list(result_avals),
+      has_side_effect=effect is not None, returns_token=token is not None,
+      sharding=op_sharding)
+  return results, token
+
+
+def _lower_enqueue(ctx, target, contexts, token, operands, operand_avals,
+                   op_sharding):
+  """The operands are queued for the consumer thread; nothing waits."""
+  site = asynchronous.sites.add(target, contexts)
+  if not asynchronous.delivery.native:  # starts the consumer thread
+    def callback(*flat):
+      asynchronous.delivery.push(site, list(flat))
+      return ()
+    call_ctx = ctx.replace(avals_in=operand_avals, avals_out=[])
+    _, token, _ = mlir.emit_python_callback(
+        call_ctx, callback, token, operands, operand_avals, [],
+        has_side_effect=True, returns_token=token is not None,
+        sharding=op_sharding)
+    return token
+  if token is not None:
+    name = "hostcall_enqueue_ordered"
+    operands = [token, *operands]
+    avals_in = [_jax_private.abstract_token, *operand_avals]
+    avals_out = [_jax_private.abstract_token]
+  else:
+    name, avals_in, avals_out = "hostcall_enqueue", operand_avals, []
+  op = jax.ffi.build_ffi_lowering_function(name, has_side_effect=True)(
+      ctx.replace(avals_in=avals_in, avals_out=avals_out), *operands,
+      site=np.int64(site))
+  if op_sharding is not None:
+    _jax_private.set_sharding(ctx.module_context, op, op_sharding)
+  return op.results[0] if token is not None else None
 
 
 hostcall_p.def_effectful_abstract_eval(_abstract_eval)

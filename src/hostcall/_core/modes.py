@@ -1,0 +1,62 @@
+"""Which delivery a tap gets when its program is traced."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+
+DELIVERIES = ("sync", "async")
+
+_default = "sync"
+_local = threading.local()
+
+
+def _check(mode: str) -> str:
+  if mode not in DELIVERIES:
+    raise ValueError(f"delivery must be one of {DELIVERIES}, got {mode!r}.")
+  return mode
+
+
+def current() -> str:
+  """The delivery in force: the innermost ``delivery(...)`` block, else the
+  default set by ``set_delivery``."""
+  return getattr(_local, "mode", None) or _default
+
+
+def set_delivery(mode: str) -> None:
+  """Sets the default delivery of taps traced from now on.
+
+  Arguments:
+    mode: ``"sync"`` (the default: the host function runs inside the
+      computation, which waits for it; ``jax.effects_barrier()`` sees it
+      done) or ``"async"`` (the tap's values are queued and a host thread
+      runs the host function; the computation never waits for Python and
+      keeps asynchronous dispatch; ``hostcall.barrier()`` waits for it).
+  """
+  global _default
+  _default = _check(mode)
+
+
+@contextlib.contextmanager
+def delivery(mode: str):
+  """Taps traced inside the block get ``mode`` (see ``set_delivery``).
+
+  The mode is fixed when a function is traced: a jitted function keeps the
+  delivery of its first trace.
+
+  Example:
+    >>> import jax, hostcall
+    >>> from hostcall import host_callback as hcb
+    >>> with hostcall.delivery("async"):
+    ...   f = jax.jit(lambda x: hcb.id_print(x, what="async"))
+    ...   _ = f(1.0)
+    >>> hostcall.barrier()
+    what: async
+    1.
+  """
+  previous = getattr(_local, "mode", None)
+  _local.mode = _check(mode)
+  try:
+    yield
+  finally:
+    _local.mode = previous
