@@ -285,7 +285,11 @@ def _lower_enqueue(ctx, target, contexts, token, operands, operand_avals,
                    op_sharding):
   """The operands are queued for the consumer thread; nothing waits."""
   site = asynchronous.sites.add(target, contexts)
-  if not asynchronous.delivery.native:  # starts the consumer thread
+  global_view = isinstance(ctx.module_context.axis_context,
+                           _jax_private.ShardingContext)
+  # XLA's partitioner drops the sharding of our custom call under a global
+  # view of several devices; there the Python callback queues instead.
+  if not asynchronous.delivery.native or (global_view and op_sharding):
     def callback(*flat):
       asynchronous.delivery.push(site, list(flat))
       return ()
