@@ -40,6 +40,7 @@ _DTYPES = {
     11: np.float32, 12: np.float64, 15: np.complex64, 16: ml_dtypes.bfloat16,
     18: np.complex128,
 }
+_CODES = {np.dtype(v): k for k, v in _DTYPES.items()}
 
 
 class _Sites:
@@ -118,6 +119,19 @@ class _NativeQueue:
 
   def set_capacity(self, capacity: int) -> None:
     self.lib.hostcall_set_capacity(capacity)
+
+  def push(self, site: int, arrays: list) -> None:
+    metas = (ctypes.c_int64 * (20 * max(1, len(arrays))))()
+    offset = 0
+    for i, a in enumerate(arrays):
+      m = 20 * i
+      metas[m], metas[m + 1] = _CODES[a.dtype], a.ndim
+      for d, size in enumerate(a.shape):
+        metas[m + 2 + d] = size
+      metas[m + 18], metas[m + 19] = offset, a.nbytes
+      offset += a.nbytes
+    data = b"".join(np.ascontiguousarray(a).tobytes() for a in arrays)
+    self.lib.hostcall_push_host(site, len(arrays), metas, data, len(data))
 
   def pop_batch(self, timeout: float) -> list:
     """Up to BATCH items ``(site, arrays)``, in queue order (maybe none)."""

@@ -285,11 +285,12 @@ def _lower_enqueue(ctx, target, contexts, token, operands, operand_avals,
                    op_sharding):
   """The operands are queued for the consumer thread; nothing waits."""
   site = asynchronous.sites.add(target, contexts)
-  global_view = isinstance(ctx.module_context.axis_context,
-                           _jax_private.ShardingContext)
+  axis_context = ctx.module_context.axis_context
+  global_view = (isinstance(axis_context, _jax_private.ShardingContext)
+                 and axis_context.num_devices > 1)
   # XLA's partitioner drops the sharding of our custom call under a global
   # view of several devices; there the Python callback queues instead.
-  if not asynchronous.delivery.native or (global_view and op_sharding):
+  if not asynchronous.delivery.native or global_view:
     def callback(*flat):
       asynchronous.delivery.push(site, list(flat))
       return ()

@@ -63,6 +63,7 @@ def _declare(lib) -> None:
       "hostcall_release": ([vp], None),
       "hostcall_release_many": ([ctypes.POINTER(vp), i64], None),
       "hostcall_describe": ([vp, i64, p64], None),
+      "hostcall_push_host": ([i64, i64, p64, ctypes.c_char_p, i64], None),
       "hostcall_set_capacity": ([i64], None),
       "hostcall_stats": ([p64], None),
   }

@@ -54,6 +54,8 @@ Queue& queue() {
   return *q;
 }
 
+void Insert(Item* item);
+
 ffi::Error Push(int64_t site, ffi::RemainingArgs args) {
   Item* item = new Item();
   item->site = site;
@@ -89,7 +91,13 @@ ffi::Error Push(int64_t site, ffi::RemainingArgs args) {
                   meta.nbytes);
     }
   }
-  const int64_t size = total + 64;
+  Insert(item);
+  return ffi::Error::Success();
+}
+
+// Puts an item in the queue, waiting for room if it is full.
+void Insert(Item* item) {
+  const int64_t size = static_cast<int64_t>(item->data.size()) + 64;
   Queue& q = queue();
   {
     std::unique_lock<std::mutex> lock(q.mu);
@@ -107,10 +115,9 @@ ffi::Error Push(int64_t site, ffi::RemainingArgs args) {
     ++q.pushed;
     // Wake the consumer only when it sleeps: a busy one finds the item
     // anyway, and the device thread saves a system call per tap.
-    if (!q.consumer_waiting) return ffi::Error::Success();
+    if (!q.consumer_waiting) return;
   }
   q.not_empty.notify_one();
-  return ffi::Error::Success();
 }
 
 ffi::Error Enqueue(int64_t site, ffi::RemainingArgs args) {
@@ -182,6 +189,18 @@ void hostcall_describe(void* handle, int64_t max_buffers, int64_t* out) {
   out[3] = item->data.size();
   const size_t n = std::min<size_t>(item->metas.size(), max_buffers);
   std::memcpy(out + 4, item->metas.data(), n * sizeof(BufferMeta));
+}
+
+// Queues an item built on the host (the Python-callback path), so that it
+// keeps its place among the taps the FFI handler queues.
+void hostcall_push_host(int64_t site, int64_t n, const int64_t* metas,
+                        const char* data, int64_t size) {
+  Item* item = new Item();
+  item->site = site;
+  item->metas.resize(n);
+  std::memcpy(item->metas.data(), metas, n * sizeof(BufferMeta));
+  item->data.assign(data, data + size);
+  Insert(item);
 }
 
 // Frees many items at once (one lock for all).
