@@ -24,6 +24,7 @@ test-heavy: venv
 	$(BIN)/python -m pytest -q -m heavy
 
 bench: venv
+	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
 	$(BIN)/python benchmarks/run.py
 
 clean:

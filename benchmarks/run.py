@@ -1,11 +1,11 @@
-"""Per-step cost of a tap inside a jitted scan, against plain JAX, same run.
+"""hostcall's speed targets, measured against plain JAX in the same run.
 
-Step: one 64x64 float32 matmul (plus tanh) in a ``lax.scan`` of STEPS steps.
-Rows: no callback; hostcall ``id_tap`` (ordered, the default); JAX's own
-``jax.debug.callback``, ``io_callback`` and ``pure_callback``. Each is timed
-REPEATS times after a warm-up; the median is reported, in microseconds per
-step and as a ratio to the scan without a callback. Results are printed and
-written to benchmarks/results/latest.json.
+Every row times a jitted ``lax.scan`` whose step is one 64x64 float32 matmul
+(plus ``tanh``), with and without taps, median of REPEATS runs after a
+warm-up, and reports microseconds per step and the ratio to the same scan
+without callbacks (or to the quantity the target names). Results go to the
+terminal, to ``benchmarks/results/latest.json`` and, when matplotlib is
+installed, to ``benchmarks/results/latest.png``.
 
 Usage: python benchmarks/run.py [--steps N] [--repeats R] [--smoke]
 """
@@ -17,67 +17,232 @@ import json
 import pathlib
 import platform
 import statistics
+import threading
 import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.experimental import io_callback
 
+import hostcall
 from hostcall import host_callback as hcb
+
+RESULTS = pathlib.Path(__file__).parent / "results"
 
 
 def _noop(*args, **kwargs):
   return None
 
 
-def _scan_with(tap, steps):
-  def step(carry, _):
-    carry = jnp.tanh(carry @ carry) * 0.5
-    if tap is not None:
-      tap(carry[0, 0])
-    return carry, None
-
-  @jax.jit
-  def run(x):
-    return jax.lax.scan(step, x, None, length=steps)[0]
-  return run
-
-
-def _pure(x):
-  return jax.pure_callback(lambda v: v, jax.ShapeDtypeStruct((), x.dtype), x)
-
-
-VARIANTS = {
-    "no callback": None,
-    "hostcall id_tap (ordered)": lambda x: hcb.id_tap(_noop, x),
-    "jax.debug.callback": lambda x: jax.debug.callback(_noop, x),
-    "io_callback (unordered)": lambda x: io_callback(_noop, None, x),
-    "pure_callback (result used)": None,  # built below: it must feed the carry
-}
-
-
-def _pure_scan(steps):
-  def step(carry, _):
-    carry = jnp.tanh(carry @ carry) * 0.5
-    carry = carry.at[0, 0].set(_pure(carry[0, 0]))
-    return carry, None
-
-  @jax.jit
-  def run(x):
-    return jax.lax.scan(step, x, None, length=steps)[0]
-  return run
-
-
-def _time(fn, x, repeats):
-  fn(x).block_until_ready()
-  jax.effects_barrier()
+def _median_time(run, repeats: int) -> float:
+  run()
   samples = []
   for _ in range(repeats):
     start = time.perf_counter()
-    fn(x).block_until_ready()
-    jax.effects_barrier()
+    run()
     samples.append(time.perf_counter() - start)
   return statistics.median(samples)
+
+
+def _scan(tap, steps: int, payload: int = 1, delivery: str = "sync"):
+  def step(carry, _):
+    carry = jnp.tanh(carry @ carry) * 0.5
+    if tap is not None:
+      value = carry[0, 0] if payload == 1 else jnp.broadcast_to(
+          carry[0, 0], (payload,))
+      tap(value)
+    return carry, None
+
+  # The delivery mode applies while the function is traced.
+  return jax.jit(hostcall.delivery(delivery)(
+      lambda x: jax.lax.scan(step, x, None, length=steps)[0]))
+
+
+X = jnp.eye(64, dtype=jnp.float32) * 0.5
+
+
+def _per_step(fn, steps, repeats, drain=True) -> float:
+  def run():
+    fn(X).block_until_ready()
+    if drain:
+      hostcall.barrier()
+  return _median_time(run, repeats) / steps * 1e6
+
+
+def _device_side(fn, steps, repeats) -> float:
+  """Time until the computation's result is ready; taps may still be queued."""
+  def run():
+    fn(X).block_until_ready()
+  value = _median_time(run, repeats) / steps * 1e6
+  hostcall.barrier()
+  return value
+
+
+def measure(steps: int, repeats: int) -> list[dict]:
+  rows = []
+  base = _per_step(_scan(None, steps), steps, repeats)
+
+  def row(name, us, ratio, target, note=""):
+    rows.append({"row": name, "us_per_step": us, "ratio": ratio,
+                 "target": target,
+                 "pass": None if target is None or ratio is None
+                 else ratio <= target, "note": note})
+
+  row("no callback (64x64 matmul step)", base, 1.0, None)
+  for name, tap in (
+      ("jax.debug.callback, scalar", lambda v: jax.debug.callback(_noop, v)),
+      ("jax io_callback, scalar", lambda v: io_callback(_noop, None, v)),
+  ):
+    us = _per_step(_scan(tap, steps), steps, repeats)
+    row(name, us, us / base, None, "reference")
+
+  def pure(v):
+    return jax.pure_callback(lambda a: a, jax.ShapeDtypeStruct((), v.dtype), v)
+
+  def pure_step(carry, _):
+    carry = jnp.tanh(carry @ carry) * 0.5
+    return carry.at[0, 0].set(pure(carry[0, 0])), None
+  fn = jax.jit(lambda x: jax.lax.scan(pure_step, x, None, length=steps)[0])
+  us = _per_step(fn, steps, repeats)
+  row("jax pure_callback, scalar (result used)", us, us / base, None,
+      "reference")
+
+  # 1. The default (synchronous, ordered) tap.
+  for payload, label in ((1, "scalar"), (1024, "4 KiB")):
+    us = _per_step(_scan(lambda v: hcb.id_tap(_noop, v), steps, payload),
+                   steps, repeats)
+    row(f"1. default tap, {label}", us, us / base, 1.5)
+
+  def three(mode):
+    def tap(v):
+      for _ in range(3):
+        hcb.id_tap(_noop, v) if mode == "ordered" else hostcall.debug_callback(
+            _noop, v)
+    return tap
+  ordered = _per_step(_scan(three("ordered"), steps), steps, repeats)
+  unordered = _per_step(_scan(three("unordered"), steps), steps, repeats)
+  row("1. 3 taps a step, ordered vs unordered", ordered, ordered / unordered,
+      1.1, f"unordered: {unordered:.1f} us/step")
+
+  rows.append({"row": "2. loop-buffered mode", "us_per_step": None,
+               "ratio": None, "target": 1.05, "pass": False,
+               "note": "not built yet"})
+
+  # 3. Asynchronous delivery.
+  fn = _scan(lambda v: hcb.id_tap(_noop, v), steps, delivery="async")
+  fn4k = _scan(lambda v: hcb.id_tap(_noop, v), steps, 1024, "async")
+  us = _device_side(fn, steps, repeats)
+  row("3. async tap, device side", us, us / base, 1.2)
+  us4k = _device_side(fn4k, steps, repeats)
+  row("3. async tap 4 KiB, device side", us4k, us4k / base, 1.2)
+  start = time.perf_counter()
+  out = fn(X)
+  returned = time.perf_counter() - start
+  out.block_until_ready()
+  total = time.perf_counter() - start
+  hostcall.barrier()
+  row("3. async dispatch kept: call returns / loop time", returned * 1e6 /
+      steps, returned / total, 0.5,
+      f"returned after {returned * 1e3:.2f} ms of {total * 1e3:.1f} ms")
+
+  sleep_steps = max(50, steps // 4)
+
+  def sleepy(v, transforms):
+    time.sleep(100e-6)
+
+  fn = _scan(lambda v: hcb.id_tap(sleepy, v), sleep_steps, delivery="async")
+  host_total = _median_time(lambda: [time.sleep(100e-6)
+                                     for _ in range(sleep_steps)], repeats)
+  device_total = base * sleep_steps / 1e6
+  e2e = _median_time(lambda: (fn(X).block_until_ready(), hostcall.barrier()),
+                     repeats)
+  row("3. async, host sleeps 100 us: end to end / max(host, device)",
+      e2e / sleep_steps * 1e6, e2e / max(host_total, device_total), 1.15)
+
+  # 4. One tap in a jitted function called once.
+  small = jnp.ones(16)
+  plain = jax.jit(lambda v: v * 2)
+  tapped = jax.jit(lambda v: hcb.id_tap(_noop, v) * 2)
+  t_plain = _median_time(lambda: plain(small).block_until_ready(),
+                         repeats * 20)
+  t_tap = _median_time(lambda: tapped(small).block_until_ready(),
+                       repeats * 20)
+  row("4. one tap in a jitted call", t_tap * 1e6, t_tap / t_plain, 2.0,
+      f"plain call {t_plain * 1e6:.1f} us")
+
+  # 5. 1 MiB, asynchronous, against an in-cache memcpy of 1 MiB.
+  mib = np.ones(1 << 18, np.float32)
+  dst = np.empty_like(mib)
+  memcpy = _median_time(lambda: np.copyto(dst, mib), repeats * 20)
+  big_steps = max(20, steps // 20)
+  fn = _scan(lambda v: hcb.id_tap(_noop, v), big_steps, 1 << 18, "async")
+  plain_big = _scan(lambda v: v.sum(), big_steps, 1 << 18)
+  with_tap = _device_side(fn, big_steps, repeats)
+  without = _device_side(plain_big, big_steps, repeats)
+  per_tap = max(with_tap - without, 0.0)
+  row("5. 1 MiB async tap vs 1 MiB memcpy", per_tap, per_tap / (memcpy * 1e6),
+      3.0, f"memcpy {memcpy * 1e6:.1f} us")
+
+  # 6. A busy Python main thread.
+  fn = _scan(lambda v: hcb.id_tap(_noop, v), steps, delivery="async")
+  idle = _median_time(lambda: (fn(X).block_until_ready(), hostcall.barrier()),
+                      repeats)
+  stop = threading.Event()
+
+  def busy():
+    while not stop.is_set():
+      sum(range(1000))
+  worker = threading.Thread(target=busy)
+  worker.start()
+  try:
+    loaded = _median_time(lambda: (fn(X).block_until_ready(),
+                                   hostcall.barrier()), repeats)
+  finally:
+    stop.set()
+    worker.join()
+  row("6. async taps with a busy Python thread vs idle", loaded / steps * 1e6,
+      loaded / idle, 2.0, f"idle: {idle / steps * 1e6:.1f} us/step")
+  return rows
+
+
+def _print(rows, steps, repeats) -> None:
+  print(f"hostcall benchmarks: scan of {steps} steps (64x64 matmul), median "
+        f"of {repeats}; jax {jax.__version__}, {platform.machine()}, "
+        f"queue: {hostcall.queue_stats()['native'] and 'native' or 'python'}")
+  print(f"{'row':62s} {'us/step':>9s} {'ratio':>7s} {'target':>7s}  result")
+  for r in rows:
+    us = "-" if r["us_per_step"] is None else f"{r['us_per_step']:.2f}"
+    ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}x"
+    target = "" if r["target"] is None else f"{r['target']:.2f}x"
+    verdict = {None: "", True: "pass", False: "MISS"}[r["pass"]]
+    print(f"{r['row']:62s} {us:>9s} {ratio:>7s} {target:>7s}  {verdict} "
+          f"{r['note']}")
+
+
+def _chart(rows, path) -> bool:
+  try:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+  except ImportError:
+    return False
+  shown = [r for r in rows if r["ratio"] is not None]
+  fig, ax = plt.subplots(figsize=(10, 0.45 * len(shown) + 1))
+  names = [r["row"] for r in shown]
+  ratios = [r["ratio"] for r in shown]
+  colors = ["tab:gray" if r["pass"] is None else
+            ("tab:green" if r["pass"] else "tab:red") for r in shown]
+  ax.barh(names, ratios, color=colors)
+  for i, r in enumerate(shown):
+    if r["target"] is not None:
+      ax.plot([r["target"]] * 2, [i - 0.4, i + 0.4], "k--")
+  ax.set_xscale("log")
+  ax.invert_yaxis()
+  ax.set_xlabel("ratio (dashed: target; green pass, red miss, grey reference)")
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  return True
 
 
 def main(argv=None) -> int:
@@ -85,28 +250,17 @@ def main(argv=None) -> int:
   parser.add_argument("--steps", type=int, default=2000)
   parser.add_argument("--repeats", type=int, default=7)
   parser.add_argument("--smoke", action="store_true",
-                      help="tiny sizes, to check the benchmark runs")
+                      help="tiny sizes: check that the benchmark runs")
   args = parser.parse_args(argv)
-  steps, repeats = (50, 2) if args.smoke else (args.steps, args.repeats)
-
-  x = jnp.eye(64, dtype=jnp.float32) * 0.5
-  rows = []
-  for name, tap in VARIANTS.items():
-    fn = _pure_scan(steps) if name.startswith("pure") else _scan_with(tap,
-                                                                      steps)
-    rows.append((name, _time(fn, x, repeats) / steps * 1e6))
-  base = rows[0][1]
-  print(f"scan of {steps} steps, 64x64 matmul, median of {repeats}; "
-        f"jax {jax.__version__}, {platform.processor() or platform.machine()}")
-  print(f"{'variant':32s} {'us/step':>9s} {'ratio':>7s}")
-  for name, us in rows:
-    print(f"{name:32s} {us:9.1f} {us / base:7.2f}x")
-  out = pathlib.Path(__file__).parent / "results"
-  out.mkdir(exist_ok=True)
-  (out / "latest.json").write_text(json.dumps({
-      "steps": steps, "repeats": repeats, "jax": jax.__version__,
-      "rows": [{"variant": n, "us_per_step": u, "ratio": u / base}
-               for n, u in rows]}, indent=2))
+  steps, repeats = (40, 2) if args.smoke else (args.steps, args.repeats)
+  rows = measure(steps, repeats)
+  _print(rows, steps, repeats)
+  RESULTS.mkdir(exist_ok=True)
+  (RESULTS / "latest.json").write_text(json.dumps(
+      {"steps": steps, "repeats": repeats, "jax": jax.__version__,
+       "machine": platform.machine(), "rows": rows}, indent=2))
+  if _chart(rows, RESULTS / "latest.png"):
+    print(f"chart: {RESULTS / 'latest.png'}")
   return 0
 
 

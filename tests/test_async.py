@@ -1,7 +1,6 @@
 """Asynchronous delivery: order, completeness, back-pressure, errors, exit."""
 
 import os
-import pathlib
 import subprocess
 import sys
 import textwrap

@@ -1,5 +1,6 @@
 """The hostcall command: demo and info."""
 
+import pathlib
 import subprocess
 import sys
 
@@ -28,7 +29,17 @@ def test_info_names_versions_and_devices():
   assert proc.returncode == 0, proc.stderr
   assert proc.stdout.startswith("hostcall 0.1.0\njax 0.10.")
   assert "backend cpu" in proc.stdout
+  assert "async taps: native (XLA FFI handler" in proc.stdout
 
 
 def test_unknown_command_fails():
   assert _hostcall("nope").returncode == 2
+
+
+def test_benchmark_smoke_run():
+  script = pathlib.Path(__file__).parent.parent / "benchmarks" / "run.py"
+  proc = subprocess.run([sys.executable, str(script), "--smoke"],
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "1. default tap, scalar" in proc.stdout
+  assert "6. async taps with a busy Python thread" in proc.stdout

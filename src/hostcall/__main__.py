@@ -17,8 +17,11 @@ def _info() -> int:
   print(f"jax {jax.__version__}, jaxlib {jaxlib.__version__}, "
         f"numpy {numpy.__version__}, python {sys.version.split()[0]}")
   print(f"backend {jax.default_backend()}: {jax.devices()}")
-  print("host path: jax.interpreters.mlir.emit_python_callback "
-        "(synchronous, ordered by JAX effect tokens)")
+  from hostcall import _native
+  print("sync taps: jax.interpreters.mlir.emit_python_callback "
+        "(ordered by JAX effect tokens)")
+  print(f"async taps: {_native.status()}")
+  print(f"default delivery: {hostcall._core.modes.current()}")
   return 0
 
 

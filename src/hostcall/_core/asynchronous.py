@@ -141,7 +141,7 @@ class _NativeQueue:
       return []
     handles = self._handles
     items = [self._decode(handles[i]) for i in range(n)]
-    lib.hostcall_release_many(handles, n)
+    lib.held.hostcall_release_many(handles, n)
     if n < self.BATCH:
       # Let taps gather before the next trip: the device thread then rarely
       # has to wake this one.
@@ -150,11 +150,11 @@ class _NativeQueue:
 
   def _decode(self, handle):
     desc = (ctypes.c_int64 * (4 + 20 * self.MAX_BUFFERS))()
-    self.lib.hostcall_describe(handle, self.MAX_BUFFERS, desc)
+    self.lib.held.hostcall_describe(handle, self.MAX_BUFFERS, desc)
     site, n_buffers, address, size = desc[0], desc[1], desc[2], desc[3]
     if n_buffers > self.MAX_BUFFERS:
       desc = (ctypes.c_int64 * (4 + 20 * n_buffers))()
-      self.lib.hostcall_describe(handle, n_buffers, desc)
+      self.lib.held.hostcall_describe(handle, n_buffers, desc)
     data = ctypes.string_at(address, size) if size else b""
     arrays = []
     for i in range(n_buffers):
@@ -167,7 +167,7 @@ class _NativeQueue:
 
   def stats(self) -> dict:
     out = (ctypes.c_int64 * 5)()
-    self.lib.hostcall_stats(out)
+    self.lib.held.hostcall_stats(out)
     return {"pushed": out[0], "queued": out[1], "queued_bytes": out[2],
             "capacity": out[3], "producer_waits": out[4]}
 

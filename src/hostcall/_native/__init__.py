@@ -87,6 +87,12 @@ def load():
         _build(path)
       lib = ctypes.CDLL(str(path))
       _declare(lib)
+      # The same library, called with the GIL held: for the short calls the
+      # consumer makes per item, which must not queue behind a busy Python
+      # thread for the GIL (5 ms a switch). Only hostcall_pop, which waits,
+      # goes through ``lib`` and releases the GIL.
+      lib.held = ctypes.PyDLL(str(path))
+      _declare(lib.held)
       for name in ("hostcall_enqueue", "hostcall_enqueue_ordered"):
         jax.ffi.register_ffi_target(
             name, jax.ffi.pycapsule(getattr(lib, name)), platform="cpu")

@@ -47,7 +47,39 @@ struct Queue {
   int64_t blocked = 0;     // times a producer waited for room
   bool consumer_waiting = false;
   int producers_waiting = 0;
+  // Data blocks of delivered items, kept for reuse: a fresh large block
+  // costs a page fault per 4 KiB, far more than copying into a warm one.
+  std::vector<std::vector<char>> spare;
+  int64_t spare_bytes = 0;
 };
+
+constexpr int64_t kMaxSpareBytes = int64_t{64} << 20;
+constexpr int64_t kMinPooled = 16 << 10;  // small blocks come from malloc
+
+std::vector<char> TakeBlock(Queue& q, int64_t size) {
+  if (size >= kMinPooled) {
+    std::lock_guard<std::mutex> lock(q.mu);
+    for (size_t i = q.spare.size(); i-- > 0;) {
+      if (static_cast<int64_t>(q.spare[i].capacity()) >= size) {
+        std::vector<char> block = std::move(q.spare[i]);
+        q.spare.erase(q.spare.begin() + i);
+        q.spare_bytes -= block.capacity();
+        block.resize(size);
+        return block;
+      }
+    }
+  }
+  return std::vector<char>(size);
+}
+
+// Called with q.mu held.
+void KeepBlock(Queue& q, std::vector<char>&& block) {
+  const int64_t size = block.capacity();
+  if (size >= kMinPooled && q.spare_bytes + size <= kMaxSpareBytes) {
+    q.spare_bytes += size;
+    q.spare.push_back(std::move(block));
+  }
+}
 
 Queue& queue() {
   static Queue* q = new Queue();  // never destroyed: XLA threads may outlive
@@ -82,7 +114,7 @@ ffi::Error Push(int64_t site, ffi::RemainingArgs args) {
     total += meta.nbytes;
     item->metas.push_back(meta);
   }
-  item->data.resize(total);
+  item->data = TakeBlock(queue(), total);
   for (size_t i = 0; i < args.size(); ++i) {
     auto buffer = args.get<ffi::AnyBuffer>(i);
     const BufferMeta& meta = item->metas[i];
@@ -210,8 +242,9 @@ void hostcall_release_many(void** handles, int64_t n) {
   {
     std::lock_guard<std::mutex> lock(q.mu);
     for (int64_t i = 0; i < n; ++i) {
-      q.bytes -= static_cast<int64_t>(
-                     static_cast<Item*>(handles[i])->data.size()) + 64;
+      Item* item = static_cast<Item*>(handles[i]);
+      q.bytes -= static_cast<int64_t>(item->data.size()) + 64;
+      KeepBlock(q, std::move(item->data));
     }
     wake = q.producers_waiting > 0;
   }
