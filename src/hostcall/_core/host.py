@@ -171,6 +171,8 @@ def run(target: HostTarget, flat_args: Sequence[np.ndarray],
       raise
   try:
     target.deliver(flat_args, context)
+  except KeyboardInterrupt:
+    raise  # Ctrl-C stops the computation; it is no tap failure to postpone
   except BaseException as exc:  # noqa: BLE001 - a tap must never kill the run
     formatted = traceback.format_exc()
     logger.error("hostcall: tap function %r raised; the next barrier will "
