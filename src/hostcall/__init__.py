@@ -16,6 +16,8 @@ Public API:
   default) or asynchronous ones (queued, delivered by a host thread, the
   device never waiting for Python); ``hostcall.set_queue_capacity``,
   ``hostcall.queue_stats``.
+* ``hostcall.call_context()``: inside a host function, which device and
+  process called it and under which transformations.
 * ``hostcall.CallbackException``, ``hostcall.CallContext``,
   ``hostcall.fd_step``.
 """
@@ -24,6 +26,7 @@ from hostcall import host_callback
 from hostcall._core import (CallbackException, CallContext, barrier,
                             delivery, set_delivery)
 from hostcall._core.asynchronous import queue_stats, set_queue_capacity
+from hostcall._core.host import call_context
 from hostcall._flavours.debug import debug_callback, debug_print
 from hostcall._flavours.derivatives import HostFunction, fd_step
 from hostcall._flavours.io import io_callback
@@ -37,6 +40,7 @@ __all__ = [
     "HostFunction",
     "__version__",
     "barrier",
+    "call_context",
     "delivery",
     "queue_stats",
     "set_delivery",

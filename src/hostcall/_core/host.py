@@ -148,6 +148,26 @@ def _unpack_transforms(transforms: tuple) -> tuple:
   return tuple(unpacked)
 
 
+_current = threading.local()
+
+
+def call_context() -> CallContext | None:
+  """The context of the host call running in this thread, or None.
+
+  Host functions of every flavour may call it to learn which device called
+  them (``.device``), from which process (``.process_index``) and under which
+  transformations (``.transforms``, ``.batch_levels``).
+
+  Example:
+    >>> import jax, numpy as np, hostcall
+    >>> jax.jit(lambda x: hostcall.debug_callback(
+    ...     lambda v: print(hostcall.call_context().device), x))(1.0)
+    >>> hostcall.barrier()
+    cpu:0
+  """
+  return getattr(_current, "context", None)
+
+
 def make_context(transforms: tuple, device) -> CallContext:
   """The context of one call site on one device, built once at lowering."""
   return CallContext(
@@ -162,6 +182,14 @@ def run(target: HostTarget, flat_args: Sequence[np.ndarray],
     # The runtime lends us views of device buffers that it reuses once we
     # return; a host function that keeps its argument must keep a copy.
     flat_args = [np.array(a) for a in flat_args]
+  outer, _current.context = getattr(_current, "context", None), context
+  try:
+    return _deliver(target, flat_args, context)
+  finally:
+    _current.context = outer
+
+
+def _deliver(target, flat_args, context) -> tuple:
   if target.returns_results:
     try:
       return tuple(target.deliver(flat_args, context))

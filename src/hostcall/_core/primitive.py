@@ -236,6 +236,15 @@ def _lowering(ctx, *args, target, transforms, identity, result_avals, mode,
     # Global view of several devices: one call, made by the chosen device.
     chosen = sharding or jax.sharding.SingleDeviceSharding(devices)
     devices = next(iter(chosen.device_set))
+    if result_avals and devices != axis_context.device_assignment[0]:
+      # XLA returns zeros from a callback placed on any other device of a
+      # global view (jax.pure_callback does the same, silently).
+      raise NotImplementedError(
+          f"{target!r} returns results and was placed on {devices}, which "
+          "is not the first device of the computation "
+          f"({axis_context.device_assignment[0]}): XLA returns zeros from "
+          "there. Leave sharding= / device_index= at their defaults, or call "
+          "per device inside jax.shard_map.")
   operands, operand_avals = list(args), list(ctx.avals_in)
   if partition is not None:
     # One call per device: the device is told by its partition id.
