@@ -298,8 +298,11 @@ def _lower_enqueue(ctx, target, contexts, token, operands, operand_avals,
   global_view = (isinstance(axis_context, _jax_private.ShardingContext)
                  and axis_context.num_devices > 1)
   # XLA's partitioner drops the sharding of our custom call under a global
-  # view of several devices; there the Python callback queues instead.
-  if not asynchronous.delivery.native or global_view:
+  # view of several devices, and the native handler is built for CPU
+  # buffers only: there the Python callback queues instead.
+  on_cpu = ctx.module_context.platforms == ("cpu",) or list(
+      ctx.module_context.platforms) == ["cpu"]
+  if not asynchronous.delivery.native or global_view or not on_cpu:
     def callback(*flat):
       asynchronous.delivery.push(site, list(flat))
       return ()

@@ -1,0 +1,85 @@
+"""One process of the multi-process test: 2 local CPU devices each.
+
+Usage: worker.py PORT NUM_PROCESSES PROCESS_ID OUT_DIR [INIT_TIMEOUT_S]
+Writes OUT_DIR/taps-<process>.jsonl: one line per host call this process's
+host functions received (the per-process file pattern of docs/distributed.md).
+"""
+
+import json
+import os
+import sys
+
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+os.environ["JAX_PLATFORMS"] = "cpu"
+
+import jax  # noqa: E402
+
+port, num_processes, process_id, out_dir = sys.argv[1:5]
+init_timeout = int(sys.argv[5]) if len(sys.argv) > 5 else 120
+jax.config.update("jax_cpu_collectives_implementation", "gloo")
+jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}",
+                           num_processes=int(num_processes),
+                           process_id=int(process_id),
+                           initialization_timeout=init_timeout)
+
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
+
+import hostcall  # noqa: E402
+from hostcall import host_callback as hcb  # noqa: E402
+
+out = open(os.path.join(out_dir, f"taps-{jax.process_index()}.jsonl"), "w")
+
+
+def record(kind, returns=True):
+  def host(value):
+    ctx = hostcall.call_context()
+    out.write(json.dumps({"kind": kind, "process": jax.process_index(),
+                          "device": jax.devices().index(ctx.device),
+                          "device_process": ctx.process_index,
+                          "value": np.asarray(value).tolist()}) + "\n")
+    out.flush()
+    return value if returns else None
+  return host
+
+
+mesh = Mesh(np.array(jax.devices()), ("i",))
+sharded = NamedSharding(mesh, P("i"))
+x = jax.make_array_from_callback(
+    (8,), sharded, lambda index: np.arange(8.0, dtype=np.float32)[index])
+
+# Per device: every device taps its own block, in shard_map.
+per_device = jax.jit(jax.shard_map(
+    lambda v: hcb.id_tap(lambda a, t: record("tap")(a), v) * 2, mesh=mesh,
+    in_specs=P("i"), out_specs=P("i")))
+per_device(x).block_until_ready()
+
+# Per device, asynchronous delivery.
+per_device_async = jax.jit(jax.shard_map(
+    lambda v: hcb.id_tap(lambda a, t: record("async")(a), v, delivery="async"),
+    mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+per_device_async(x).block_until_ready()
+
+# Per device with results returned to each device.
+def plus_device(v):
+  record("call")(v)
+  return v + 100 * jax.devices().index(hostcall.call_context().device)
+
+called = jax.jit(jax.shard_map(
+    lambda v: hostcall.pure_callback(plus_device, jax.ShapeDtypeStruct(
+        v.shape, v.dtype), v), mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+result = called(x)
+for shard in result.addressable_shards:
+  expected = np.arange(8.0)[shard.index] + 100 * jax.devices().index(
+      shard.device)
+  assert np.array_equal(np.asarray(shard.data), expected), (shard, expected)
+
+# Global view: gathered, one call, on the first device of the computation.
+jax.jit(lambda v: hostcall.io_callback(record("global", returns=False),
+                                       None, v))(x)
+
+hostcall.barrier()
+out.close()
+print(f"process {jax.process_index()} done", flush=True)
+jax.distributed.shutdown()

@@ -1,0 +1,77 @@
+"""Two processes on 127.0.0.1 with jax.distributed, 2 CPU devices each: every
+process's host functions receive exactly its local devices' data."""
+
+import json
+import pathlib
+import socket
+import subprocess
+import sys
+
+import pytest
+
+WORKER = pathlib.Path(__file__).parent / "multiprocess" / "worker.py"
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def _run_processes(tmp_path, n=2, timeout=240):
+  port = _free_port()
+  procs = [subprocess.Popen(
+      [sys.executable, str(WORKER), str(port), str(n), str(i), str(tmp_path)],
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+      for i in range(n)]
+  outputs = []
+  try:
+    for p in procs:
+      outputs.append(p.communicate(timeout=timeout))
+  except subprocess.TimeoutExpired:
+    pytest.fail("a process did not finish in time")
+  finally:
+    for p in procs:  # a failed or hung peer never outlives the test
+      if p.poll() is None:
+        p.kill()
+        p.wait()
+  for i, (p, (out, err)) in enumerate(zip(procs, outputs)):
+    assert p.returncode == 0, f"process {i}:\n{err[-4000:]}"
+    assert f"process {i} done" in out
+  return [[json.loads(line) for line in
+           (tmp_path / f"taps-{i}.jsonl").read_text().splitlines()]
+          for i in range(n)]
+
+
+def test_each_process_receives_its_local_devices_data(tmp_path):
+  records = _run_processes(tmp_path)
+  for process, lines in enumerate(records):
+    local = {2 * process, 2 * process + 1}
+    assert all(r["process"] == process == r["device_process"] for r in lines)
+    for kind in ("tap", "async", "call"):
+      mine = sorted((r["device"], r["value"]) for r in lines
+                    if r["kind"] == kind)
+      assert mine == [(d, [2.0 * d, 2.0 * d + 1]) for d in sorted(local)], (
+          kind, mine)
+  # The global view gathers to one call, made by the first device, which
+  # belongs to process 0.
+  global_calls = [r for lines in records for r in lines
+                  if r["kind"] == "global"]
+  assert global_calls == [{"kind": "global", "process": 0, "device": 0,
+                           "device_process": 0,
+                           "value": [float(i) for i in range(8)]}]
+
+
+def test_a_failing_peer_is_reported_and_nothing_hangs(tmp_path):
+  port = _free_port()
+  # Only one of two processes starts: the other never joins.
+  proc = subprocess.Popen(
+      [sys.executable, str(WORKER), str(port), "2", "0", str(tmp_path), "5"],
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  try:
+    proc.communicate(timeout=120)
+    assert proc.returncode != 0
+  except subprocess.TimeoutExpired:
+    proc.kill()
+    proc.wait()
+    pytest.fail("a process waiting for a missing peer did not give up")
