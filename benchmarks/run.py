@@ -125,9 +125,20 @@ def measure(steps: int, repeats: int) -> list[dict]:
   row("1. 3 taps a step, ordered vs unordered", ordered, ordered / unordered,
       1.1, f"unordered: {unordered:.1f} us/step")
 
-  rows.append({"row": "2. loop-buffered mode", "us_per_step": None,
-               "ratio": None, "target": 1.05, "pass": False,
-               "note": "not built yet"})
+  # 2. Loop-buffered: hostcall.scan gathers K steps of taps on the device.
+  every = 256
+
+  def buffered_step(carry, _):
+    carry = jnp.tanh(carry @ carry) * 0.5
+    hcb.id_tap(_noop, carry[0, 0])
+    return carry, None
+
+  for delivery in ("sync", "async"):
+    fn = jax.jit(hostcall.delivery(delivery)(lambda x: hostcall.scan(
+        buffered_step, x, None, length=steps, every=every)[0]))
+    us = _per_step(fn, steps, repeats)
+    row(f"2. loop-buffered tap (hostcall.scan, every={every}), {delivery}",
+        us, us / base, 1.05, f"device buffer {every * 4} B")
 
   # 3. Asynchronous delivery.
   fn = _scan(lambda v: hcb.id_tap(_noop, v), steps, delivery="async")

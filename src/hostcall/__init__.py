@@ -16,6 +16,8 @@ Public API:
   default) or asynchronous ones (queued, delivered by a host thread, the
   device never waiting for Python); ``hostcall.set_queue_capacity``,
   ``hostcall.queue_stats``.
+* ``hostcall.scan``: ``lax.scan`` whose taps reach the host K steps at a
+  time (loop-buffered delivery).
 * ``hostcall.call_context()``: inside a host function, which device and
   process called it and under which transformations.
 * ``hostcall.CallbackException``, ``hostcall.CallContext``,
@@ -26,6 +28,7 @@ from hostcall import host_callback
 from hostcall._core import (CallbackException, CallContext, barrier,
                             delivery, set_delivery)
 from hostcall._core.asynchronous import queue_stats, set_queue_capacity
+from hostcall._core.buffering import scan
 from hostcall._core.host import call_context
 from hostcall._flavours.debug import debug_callback, debug_print
 from hostcall._flavours.derivatives import HostFunction, fd_step
@@ -51,4 +54,5 @@ __all__ = [
     "host_callback",
     "io_callback",
     "pure_callback",
+    "scan",
 ]

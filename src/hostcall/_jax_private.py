@@ -63,3 +63,8 @@ def require_devices_during_lowering(primitive) -> None:
 def is_recompute_policy(policy) -> bool:
   """Whether a ``jax.checkpoint`` policy's answer means "recompute, don't save"."""
   return isinstance(_pe.ensure_enum(policy), _pe.RecomputeType)
+
+
+def trace_of(value):
+  """The trace a tracer belongs to (None for a concrete value)."""
+  return getattr(value, "_trace", None)

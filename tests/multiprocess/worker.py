@@ -22,7 +22,6 @@ jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}",
                            process_id=int(process_id),
                            initialization_timeout=init_timeout)
 
-import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 

@@ -35,7 +35,7 @@ from jax.interpreters import ad, batching, mlir
 from jax.interpreters import partial_eval as pe
 
 from hostcall import _jax_private
-from hostcall._core import asynchronous, batched_ad, host, modes
+from hostcall._core import asynchronous, batched_ad, buffering, host, modes
 
 hostcall_p = jex_core.Primitive("hostcall")
 hostcall_p.multiple_results = True
@@ -73,6 +73,9 @@ def bind(flat_args: Sequence, *, target: host.HostTarget, identity: bool,
   """
   if mode not in _EFFECTS:
     raise ValueError(f"mode must be one of {sorted(_EFFECTS)}, got {mode!r}")
+  if identity or not result_avals:
+    if buffering.intercept(flat_args, target):
+      return list(flat_args) if identity else []
   delivery = modes.current() if delivery is None else modes._check(delivery)
   if delivery == "async" and target.returns_results and (
       result_avals or not identity):

@@ -1,0 +1,208 @@
+"""Loop-buffered delivery: the taps of K loop steps reach the host in one trip.
+
+``hostcall.scan`` traces its body with a ``Collector`` active. A tap bound
+directly in the body (not under a transformation inside it) is not staged as
+a host call: its values are written into a device buffer of K slots carried
+by the loop, and every K steps (and once after the loop for the rest) one
+host call delivers the buffer. On the host, ``FlushTarget`` replays the taps
+one by one, step by step, in program order, to their own host functions.
+
+The device pays one host call per K steps; the buffers hold K times one
+step's tap payload.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import traceback
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.extend import core as jex_core
+
+from hostcall import _jax_private
+from hostcall._core import host
+
+_local = threading.local()
+
+
+class Collector:
+  """The taps bound at the top level of one trace of a loop body."""
+
+  def __init__(self, trace):
+    self.trace = trace
+    self.taps: list[tuple[host.HostTarget, list]] = []
+
+  def owns(self, flat_args) -> bool:
+    # Only a tap bound by the body's own trace: not one inside a cond,
+    # while or vmap in the body, even when it closes over body values.
+    with jex_core.take_current_trace() as current:
+      if current is not self.trace:
+        return False
+    return all(_jax_private.trace_of(a) is self.trace for a in flat_args)
+
+  def signature(self) -> list:
+    return [(target, [jax.ShapeDtypeStruct(jnp.shape(v), jnp.result_type(v))
+                      for v in values]) for target, values in self.taps]
+
+
+def intercept(flat_args, target: host.HostTarget) -> bool:
+  """Records a result-less tap in the active collector; True if recorded."""
+  collector = getattr(_local, "collector", None)
+  if collector is None or not collector.owns(flat_args):
+    return False
+  collector.taps.append((target, list(flat_args)))
+  return True
+
+
+@contextlib.contextmanager
+def collecting():
+  with jex_core.take_current_trace() as trace:
+    collector = Collector(trace)
+  previous = getattr(_local, "collector", None)
+  _local.collector = collector
+  try:
+    yield collector
+  finally:
+    _local.collector = previous
+
+
+class FlushTarget(host.HostTarget):
+  """Replays K steps of buffered taps, in order, to their host functions."""
+
+  returns_results = False
+
+  def __init__(self, taps: list, every: int):
+    super().__init__(("flush", tuple(t for t, _ in taps),
+                      tuple(len(s) for _, s in taps), every))
+    self.targets = [t for t, _ in taps]
+    self.sizes = [len(s) for _, s in taps]
+    self._cache: dict = {}
+
+  def __repr__(self):
+    return f"buffered_taps({self.targets!r})"
+
+  def vmap_method(self) -> str:
+    return "broadcast_all"  # every batch axis in front of the K axis
+
+  def check_differentiable(self) -> None:
+    return None  # no results: nothing to differentiate
+
+  def _contexts(self, context: host.CallContext) -> list:
+    key = (context.batch_levels, context.device)
+    contexts = self._cache.get(key)
+    if contexts is None:
+      contexts = self._cache[key] = [host.make_context(tuple(
+          ("batch", (0,) * size, axis_size)
+          for _, axis_size in context.batch_levels), context.device)
+          for size in self.sizes]
+    return contexts
+
+  def deliver(self, flat_args, context: host.CallContext):
+    *buffers, count = flat_args
+    lead = (slice(None),) * len(context.batch_levels)
+    n = int(np.asarray(count).reshape(-1)[0])
+    taps = []
+    offset = 0
+    for target, size, tap_context in zip(self.targets, self.sizes,
+                                         self._contexts(context)):
+      taps.append((target, buffers[offset:offset + size], tap_context))
+      offset += size
+    for step in range(n):
+      index = lead + (step,)
+      for target, tap_buffers, tap_context in taps:
+        try:
+          host.run(target, [b[index] for b in tap_buffers], tap_context,
+                   copy=False)
+        except KeyboardInterrupt:
+          raise
+        except BaseException as exc:  # noqa: BLE001 - later taps still run
+          host.errors.record(exc, traceback.format_exc())
+    return ()
+
+
+def scan(f: Callable, init, xs=None, length: int | None = None,
+         reverse: bool = False, unroll: int | bool = 1, *,
+         every: int = 64) -> Any:
+  """``lax.scan`` whose taps reach the host ``every`` steps at a time.
+
+  Arguments:
+    f, init, xs, length, reverse, unroll: as for ``jax.lax.scan``.
+    every: how many steps of taps the device gathers before one host call.
+      The device holds ``every`` times one step's tap payload.
+
+  Returns:
+    What ``jax.lax.scan`` returns.
+
+  Taps bound directly in ``f`` (``id_tap``, ``id_print``, result-less
+  ``io_callback``/``debug_callback``) are buffered; taps under a
+  transformation or control flow inside ``f`` run as usual (so they may
+  reach the host before buffered taps of earlier steps). Every buffered tap
+  is still delivered once per step, in program order, before the loop's
+  computation ends (or, with asynchronous delivery, through the queue).
+
+  Example:
+    >>> import jax, hostcall
+    >>> from hostcall import host_callback as hcb
+    >>> def step(c, _):
+    ...   hcb.id_print(c, what="c")
+    ...   return c + 1, None
+    >>> _ = jax.jit(lambda: hostcall.scan(step, 0, length=2, every=8))()
+    >>> hostcall.barrier()
+    what: c
+    0
+    what: c
+    1
+  """
+  if not isinstance(every, int) or isinstance(every, bool) or every < 1:
+    raise ValueError(f"every must be a positive int, got {every!r}")
+  xs_leaves = jax.tree_util.tree_leaves(xs)
+  steps = length if length is not None else (
+      xs_leaves[0].shape[0] if xs_leaves else None)
+  if steps is None:
+    raise ValueError("hostcall.scan needs xs or length to know its number "
+                     "of steps, as jax.lax.scan does.")
+  if reverse:
+    flip = lambda t: jax.tree_util.tree_map(lambda a: jnp.flip(a, 0), t)
+    carry, ys = scan(f, init, flip(xs), length=length, unroll=unroll,
+                     every=every)
+    return carry, flip(ys)
+
+  from hostcall._core.primitive import bind  # the primitive imports us
+  targets = []
+
+  def body(carry, x):
+    # Taps of one step become extra outputs, stacked by the inner scan.
+    with collecting() as collector:
+      carry, y = f(carry, x)
+    targets[:] = [FlushTarget(collector.signature(), every)]
+    return carry, (y, [v for _, vals in collector.taps for v in vals])
+
+  def run(carry, xs_part, n):
+    carry, (ys, taps) = lax.scan(body, carry, xs_part, length=n,
+                                 unroll=unroll)
+    if taps:
+      bind(list(taps) + [jnp.int32(n)], target=targets[0], identity=False)
+    return carry, ys
+
+  full, rest = divmod(steps, every)
+  split = lambda t, lo, hi: jax.tree_util.tree_map(lambda a: a[lo:hi], t)
+  carry, ys_parts = init, []
+  if full:
+    chunked = jax.tree_util.tree_map(
+        lambda a: a[:full * every].reshape(full, every, *a.shape[1:]), xs)
+    carry, ys = lax.scan(lambda c, x: run(c, x, every), carry,
+                         chunked if xs is not None else None, length=full)
+    ys_parts.append(jax.tree_util.tree_map(
+        lambda a: a.reshape(full * every, *a.shape[2:]), ys))
+  if rest:
+    carry, ys = run(carry, split(xs, full * every, steps)
+                    if xs is not None else None, rest)
+    ys_parts.append(ys)
+  ys = jax.tree_util.tree_map(lambda *p: jnp.concatenate(p), *ys_parts) \
+      if len(ys_parts) > 1 else ys_parts[0]
+  return carry, ys

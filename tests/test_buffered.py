@@ -1,0 +1,142 @@
+"""hostcall.scan: taps of K steps delivered in one trip, in program order."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import hostcall
+from hostcall import host_callback as hcb
+
+BATCH00 = ("batch", {"batch_dims": (0, 0)})
+
+
+def _step(recorder):
+  def step(c, x):
+    hcb.id_tap(recorder.labelled("a"), (c, x))
+    hcb.id_tap(recorder.labelled("b"), c * 10)
+    return c + x, c
+  return step
+
+
+@pytest.mark.parametrize("steps,every", [(7, 3), (6, 3), (2, 8), (5, 1)])
+def test_same_taps_same_order_same_results_as_lax_scan(recorder, steps,
+                                                        every):
+  xs = jnp.arange(1.0, steps + 1)
+  expected_out = jax.jit(lambda xs: lax.scan(_step(recorder), 0.0, xs))(xs)
+  hostcall.barrier()
+  expected = list(recorder.values)
+  recorder.calls.clear()
+  out = jax.jit(lambda xs: hostcall.scan(_step(recorder), 0.0, xs,
+                                         every=every))(xs)
+  jax.effects_barrier()  # delivered before the computation ends
+  assert recorder.values == expected
+  for a, b in zip(jax.tree_util.tree_leaves(out),
+                  jax.tree_util.tree_leaves(expected_out)):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_host_calls_are_one_per_chunk():
+  flushes = []
+  original = hostcall._core.buffering.FlushTarget.deliver
+
+  def counting(self, flat_args, context):
+    flushes.append(int(flat_args[-1]))
+    return original(self, flat_args, context)
+
+  hostcall._core.buffering.FlushTarget.deliver = counting
+  try:
+    seen = []
+    jax.jit(lambda: hostcall.scan(lambda c, _: (hcb.id_tap(
+        lambda v, t: seen.append(int(v)), c), c + 1)[1:] + (None,), 0,
+        length=10, every=4))()
+    hostcall.barrier()
+  finally:
+    hostcall._core.buffering.FlushTarget.deliver = original
+  assert flushes == [4, 4, 2]
+  assert seen == list(range(10))
+
+
+def test_reverse_and_no_xs(recorder):
+  def step(c, x):
+    hcb.id_tap(recorder, x)
+    return c + x, c
+  out = hostcall.scan(step, 0, jnp.arange(5), reverse=True, every=2)
+  ref = lax.scan(step, 0, jnp.arange(5), reverse=True)
+  hostcall.barrier()
+  assert recorder.values == [4, 3, 2, 1, 0] * 2
+  np.testing.assert_array_equal(out[1], ref[1])
+
+
+def test_vmap_gives_taps_the_whole_batch(recorder):
+  xs = jnp.arange(6.0).reshape(2, 3)
+  jax.vmap(lambda xs: hostcall.scan(_step(recorder), 0.0, xs, every=2))(xs)
+  hostcall.barrier()
+  a_values = [v[1] for v in recorder.values if v[0] == "a"]
+  assert a_values == [([0.0, 0.0], [0.0, 3.0]), ([0.0, 3.0], [1.0, 4.0]),
+                      ([1.0, 7.0], [2.0, 5.0])]
+  for (label, _), transforms in zip(recorder.values, recorder.transforms):
+    assert transforms == ((BATCH00,) if label == "a" else
+                          (("batch", {"batch_dims": (0,)}),))
+
+
+def test_grad_taps_primal_values_once(recorder):
+  def step(c, x):
+    hcb.id_tap(recorder, c)
+    return c * x, None
+  g = jax.grad(lambda c: hostcall.scan(step, c, jnp.array([2.0, 3.0]),
+                                       every=4)[0])(1.0)
+  hostcall.barrier()
+  assert float(g) == 6.0
+  assert recorder.values == [1.0, 2.0]
+
+
+def test_modern_flavours_and_async_flush():
+  seen = []
+
+  @jax.jit
+  @hostcall.delivery("async")
+  def f(xs):
+    def step(c, x):
+      hostcall.debug_callback(lambda v: seen.append(("debug", int(v))), x)
+      hostcall.io_callback(lambda v: seen.append(("io", int(v))), None, x,
+                           ordered=True)
+      return c, None
+    return hostcall.scan(step, 0, xs, every=2)
+
+  f(jnp.arange(3))
+  hostcall.barrier()
+  assert seen == [(k, i) for i in range(3) for k in ("debug", "io")]
+
+
+def test_taps_inside_nested_control_flow_are_not_buffered(recorder):
+  def step(c, _):
+    lax.cond(c > 0, lambda: hcb.id_tap(recorder.labelled("cond"), c),
+             lambda: c)
+    hcb.id_tap(recorder.labelled("top"), c)
+    return c + 1, None
+  jax.jit(lambda: hostcall.scan(step, 0, length=3, every=3))()
+  hostcall.barrier()
+  # The cond's taps run at once; the buffered ones at the end of the chunk.
+  assert recorder.values == [("cond", 1), ("cond", 2), ("top", 0), ("top", 1),
+                             ("top", 2)]
+
+
+def test_failing_tap_in_a_chunk_does_not_stop_the_others(recorder):
+  def step(c, _):
+    hcb.id_tap(lambda v, t: 1 // 0 if int(v) == 1 else None, c)
+    hcb.id_tap(recorder, c)
+    return c + 1, None
+  jax.jit(lambda: hostcall.scan(step, 0, length=3, every=3))()
+  with pytest.raises(hcb.CallbackException, match="ZeroDivisionError"):
+    hostcall.barrier()
+  assert recorder.values == [0, 1, 2]
+
+
+def test_bad_every_is_refused():
+  for bad in (0, -1, 2.5, True):
+    with pytest.raises(ValueError, match="every must be a positive int"):
+      hostcall.scan(lambda c, x: (c, x), 0, jnp.arange(2), every=bad)
+  with pytest.raises(ValueError, match="needs xs or length"):
+    hostcall.scan(lambda c, x: (c, x), 0)
