@@ -140,3 +140,17 @@ def test_bad_every_is_refused():
       hostcall.scan(lambda c, x: (c, x), 0, jnp.arange(2), every=bad)
   with pytest.raises(ValueError, match="needs xs or length"):
     hostcall.scan(lambda c, x: (c, x), 0)
+
+
+def test_inside_while_and_cond(recorder):
+  def inner(c):
+    def step(a, _):
+      hcb.id_tap(recorder, a)
+      return a + 1, None
+    return hostcall.scan(step, c, length=2, every=2)[0]
+
+  out = jax.jit(lambda: lax.while_loop(lambda c: c < 4, inner, 0))()
+  jax.jit(lambda p: lax.cond(p, inner, lambda c: c, 10))(True)
+  hostcall.barrier()
+  assert int(out) == 4
+  assert recorder.values == [0, 1, 2, 3, 10, 11]
