@@ -147,12 +147,14 @@ def test_while_with_batched_predicate_and_cond(recorder):
 
 def test_debug_callback_and_io_callback_without_result():
   seen = []
+  pushed = hostcall.queue_stats()["pushed"]
   with hostcall.delivery("async"):
     jax.jit(lambda x: (hostcall.debug_callback(lambda v: seen.append(
         ("debug", int(v))), x), hostcall.io_callback(lambda v: seen.append(
             ("io", int(v))), None, x, ordered=True), x)[2])(7)
   hostcall.barrier()
   assert sorted(seen) == [("debug", 7), ("io", 7)]
+  assert hostcall.queue_stats()["pushed"] == pushed + 2  # both were queued
 
 
 def test_calls_with_results_stay_synchronous():

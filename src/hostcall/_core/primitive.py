@@ -4,7 +4,7 @@ One equation calls one host function. Its parameters:
 
 * ``target``: the ``HostTarget`` that receives the flat operands on the host;
 * ``transforms``: the transformations applied so far, as hashable tuples
-  (``("batch", batch_dims)``), shown to the host function;
+  (``("batch", batch_dims, axis_size)``), shown to the host function;
 * ``identity``: when True (a tap) the results are the operands themselves;
   otherwise they are ``result_avals``, computed by the host;
 * ``result_avals``: the shapes and dtypes the host returns (calls only);
@@ -19,7 +19,9 @@ One equation calls one host function. Its parameters:
   a host thread delivers them; see ``asynchronous``).
 
 The rules, registered at the bottom of this file, in one place: abstract
-evaluation, eager evaluation, batching, JVP and the MLIR lowering.
+evaluation, eager evaluation, batching, JVP, transposition (of linear
+derivative calls), partial evaluation under ``jax.checkpoint``, and the MLIR
+lowering.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import functools
 from typing import Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.extend import core as jex_core
 from jax.extend.mlir.dialects import stablehlo as hlo
@@ -77,8 +80,7 @@ def bind(flat_args: Sequence, *, target: host.HostTarget, identity: bool,
     if buffering.intercept(flat_args, target):
       return list(flat_args) if identity else []
   delivery = modes.current() if delivery is None else modes._check(delivery)
-  if delivery == "async" and target.returns_results and (
-      result_avals or not identity):
+  if delivery == "async" and result_avals:
     delivery = "sync"  # a call with results must wait for them
   return hostcall_p.bind(
       *flat_args, target=target, transforms=(), identity=identity,
@@ -149,7 +151,7 @@ def _batching_rule(args, dims, *, transforms, identity, target, result_avals,
 
 def _leading(x, dim, size, method):
   if dim is not None:
-    return jax.numpy.moveaxis(x, dim, 0)
+    return jnp.moveaxis(x, dim, 0)
   if method == "broadcast_all":
     return jax.lax.broadcast(x, (size,))
   return jax.lax.expand_dims(x, (0,))
