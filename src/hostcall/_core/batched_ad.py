@@ -17,9 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.interpreters import ad
 
-
-def batch_levels(transforms) -> list[tuple[tuple, int]]:
-  return [(t[1], t[2]) for t in transforms if t[0] == "batch"]
+from hostcall._core.host import batch_levels  # noqa: F401 - re-exported
 
 
 def _zeros(aval):

@@ -168,11 +168,16 @@ def call_context() -> CallContext | None:
   return getattr(_current, "context", None)
 
 
+def batch_levels(transforms) -> tuple[tuple[tuple, int], ...]:
+  """``(batch_dims, axis_size)`` of each vmap in ``transforms``, innermost
+  first."""
+  return tuple((t[1], t[2]) for t in transforms if t[0] == "batch")
+
+
 def make_context(transforms: tuple, device) -> CallContext:
   """The context of one call site on one device, built once at lowering."""
-  return CallContext(
-      _unpack_transforms(transforms), device,
-      tuple((t[1], t[2]) for t in transforms if t[0] == "batch"))
+  return CallContext(_unpack_transforms(transforms), device,
+                     batch_levels(transforms))
 
 
 def run(target: HostTarget, flat_args: Sequence[np.ndarray],
