@@ -72,16 +72,36 @@ def _per_step(fn, steps, repeats, drain=True) -> float:
 
 def _device_side(fn, steps, repeats) -> float:
   """Time until the computation's result is ready; taps may still be queued."""
-  def run():
-    fn(X).block_until_ready()
-  value = _median_time(run, repeats) / steps * 1e6
+  value = _per_step(fn, steps, repeats, drain=False)
   hostcall.barrier()
   return value
 
 
+def _paired(fn, base_fn, steps, repeats, drain=True) -> tuple[float, float]:
+  """(us/step of fn, median ratio to base_fn), the two run alternately so
+  that the machine's drift hits both alike."""
+  def once(f):
+    start = time.perf_counter()
+    f(X).block_until_ready()
+    elapsed = time.perf_counter() - start
+    if drain:
+      hostcall.barrier()
+    return elapsed
+  once(fn), once(base_fn)
+  times, ratios = [], []
+  for _ in range(repeats):
+    t, b = once(fn), once(base_fn)
+    times.append(t)
+    ratios.append(t / b)
+  hostcall.barrier()
+  return statistics.median(times) / steps * 1e6, statistics.median(ratios)
+
+
 def measure(steps: int, repeats: int) -> list[dict]:
   rows = []
-  base = _per_step(_scan(None, steps), steps, repeats)
+  base_fn = _scan(None, steps)
+  base = _per_step(base_fn, steps, repeats)
+  paired = lambda fn, drain=True: _paired(fn, base_fn, steps, repeats, drain)
 
   def row(name, us, ratio, target, note=""):
     rows.append({"row": name, "us_per_step": us, "ratio": ratio,
@@ -94,8 +114,8 @@ def measure(steps: int, repeats: int) -> list[dict]:
       ("jax.debug.callback, scalar", lambda v: jax.debug.callback(_noop, v)),
       ("jax io_callback, scalar", lambda v: io_callback(_noop, None, v)),
   ):
-    us = _per_step(_scan(tap, steps), steps, repeats)
-    row(name, us, us / base, None, "reference")
+    us, ratio = paired(_scan(tap, steps))
+    row(name, us, ratio, None, "reference")
 
   def pure(v):
     return jax.pure_callback(lambda a: a, jax.ShapeDtypeStruct((), v.dtype), v)
@@ -104,15 +124,14 @@ def measure(steps: int, repeats: int) -> list[dict]:
     carry = jnp.tanh(carry @ carry) * 0.5
     return carry.at[0, 0].set(pure(carry[0, 0])), None
   fn = jax.jit(lambda x: jax.lax.scan(pure_step, x, None, length=steps)[0])
-  us = _per_step(fn, steps, repeats)
-  row("jax pure_callback, scalar (result used)", us, us / base, None,
+  us, ratio = paired(fn)
+  row("jax pure_callback, scalar (result used)", us, ratio, None,
       "reference")
 
   # 1. The default (synchronous, ordered) tap.
   for payload, label in ((1, "scalar"), (1024, "4 KiB")):
-    us = _per_step(_scan(lambda v: hcb.id_tap(_noop, v), steps, payload),
-                   steps, repeats)
-    row(f"1. default tap, {label}", us, us / base, 1.5)
+    us, ratio = paired(_scan(lambda v: hcb.id_tap(_noop, v), steps, payload))
+    row(f"1. default tap, {label}", us, ratio, 1.5)
 
   def three(mode):
     def tap(v):
@@ -136,17 +155,17 @@ def measure(steps: int, repeats: int) -> list[dict]:
   for delivery in ("sync", "async"):
     fn = jax.jit(hostcall.delivery(delivery)(lambda x: hostcall.scan(
         buffered_step, x, None, length=steps, every=every)[0]))
-    us = _per_step(fn, steps, repeats)
+    us, ratio = paired(fn)
     row(f"2. loop-buffered tap (hostcall.scan, every={every}), {delivery}",
-        us, us / base, 1.05, f"device buffer {every * 4} B")
+        us, ratio, 1.05, f"device buffer {every * 4} B")
 
   # 3. Asynchronous delivery.
   fn = _scan(lambda v: hcb.id_tap(_noop, v), steps, delivery="async")
   fn4k = _scan(lambda v: hcb.id_tap(_noop, v), steps, 1024, "async")
-  us = _device_side(fn, steps, repeats)
-  row("3. async tap, device side", us, us / base, 1.2)
-  us4k = _device_side(fn4k, steps, repeats)
-  row("3. async tap 4 KiB, device side", us4k, us4k / base, 1.2)
+  us, ratio = paired(fn, drain=False)
+  row("3. async tap, device side", us, ratio, 1.2)
+  us, ratio = paired(fn4k, drain=False)
+  row("3. async tap 4 KiB, device side", us, ratio, 1.2)
   start = time.perf_counter()
   out = fn(X)
   returned = time.perf_counter() - start
