@@ -263,3 +263,14 @@ def test_keyboard_interrupt_during_a_long_loop_leaves_a_clean_exit(tmp_path):
   assert proc.returncode == 1, err[-2000:]
   assert "JaxRuntimeError" in err and "KeyboardInterrupt" in err
   assert "Segmentation fault" not in err and "Fatal Python error" not in err
+
+
+@pytest.mark.parametrize("delivery", ["sync", "async"])
+def test_barrier_inside_a_host_function_is_an_error_not_a_deadlock(delivery):
+  def waits(value, transforms):
+    hostcall.barrier()
+
+  jax.jit(lambda x: hcb.id_tap(waits, x, delivery=delivery))(1.0)
+  with pytest.raises(hcb.CallbackException, match="called from inside a "
+                     "host function"):
+    hostcall.barrier()

@@ -19,6 +19,7 @@ import itertools
 import logging
 import threading
 import time
+import traceback
 from typing import Any
 
 import jax
@@ -193,7 +194,9 @@ class Delivery:
         self._thread = threading.Thread(target=self._consume,
                                         name="hostcall-consumer", daemon=True)
         self._thread.start()
-        atexit.register(self.drain)
+        # Computations still running at exit push more taps: wait for them
+        # first (JAX's own exit hook runs after ours).
+        atexit.register(wait)
       return self._queue
 
   @property
@@ -228,8 +231,7 @@ class Delivery:
             context = contexts
           host.run(target, arrays, context, copy=False)
         except BaseException as exc:  # noqa: BLE001 - the consumer never dies
-          logger.exception("hostcall: delivering an asynchronous tap failed")
-          host.errors.record(exc, repr(exc))
+          host.errors.record(exc, traceback.format_exc())
         finally:
           with self._done:
             self._delivered += 1
@@ -243,8 +245,8 @@ class Delivery:
 
   def drain(self, timeout: float | None = None) -> bool:
     """Waits until every tap queued so far has been delivered."""
-    if self._queue is None:
-      return True
+    if self._queue is None or threading.current_thread() is self._thread:
+      return True  # the consumer cannot wait for itself
     target = self._queue.stats()["pushed"]
     with self._done:
       return self._done.wait_for(lambda: self._delivered >= target, timeout)

@@ -232,6 +232,12 @@ def barrier(logging_name: str | None = None) -> None:
     >>> seen
     [3]
   """
+  if call_context() is not None:
+    raise RuntimeError(
+        "hostcall.barrier() / barrier_wait() was called from inside a host "
+        "function, where it would wait for the very computation (or queue) "
+        "that is running it. Call it from the code that runs the JAX "
+        "program, after the call returns.")
   logger.debug("barrier %s: waiting", logging_name or "")
   from hostcall._core import asynchronous  # the queue starts on first use
   asynchronous.wait()
