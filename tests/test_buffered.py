@@ -154,3 +154,12 @@ def test_inside_while_and_cond(recorder):
   hostcall.barrier()
   assert int(out) == 4
   assert recorder.values == [0, 1, 2, 3, 10, 11]
+
+
+def test_constant_operands_are_buffered_too(recorder):
+  def step(c, _):
+    hcb.id_tap(recorder, (c, 7.0))
+    return c + 1, None
+  jax.jit(lambda: hostcall.scan(step, 0, length=3, every=2))()
+  hostcall.barrier()
+  assert recorder.values == [(0, 7.0), (1, 7.0), (2, 7.0)]

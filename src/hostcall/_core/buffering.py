@@ -1,11 +1,12 @@
 """Loop-buffered delivery: the taps of K loop steps reach the host in one trip.
 
-``hostcall.scan`` traces its body with a ``Collector`` active. A tap bound
-directly in the body (not under a transformation inside it) is not staged as
-a host call: its values are written into a device buffer of K slots carried
-by the loop, and every K steps (and once after the loop for the rest) one
-host call delivers the buffer. On the host, ``FlushTarget`` replays the taps
-one by one, step by step, in program order, to their own host functions.
+``hostcall.scan`` runs the loop as chunks of K steps, an inner ``lax.scan``
+each, and traces its body with a ``Collector`` active. A tap bound directly
+in the body (not inside a cond, while or vmap of the body) is not staged as a
+host call: its values become extra outputs of the inner scan, stacked K deep,
+and after each chunk (and the shorter last one) one host call delivers them.
+On the host, ``FlushTarget`` replays the taps one by one, step by step, in
+program order, to their own host functions.
 
 The device pays one host call per K steps; the buffers hold K times one
 step's tap payload.
@@ -45,7 +46,9 @@ class Collector:
     with jex_core.take_current_trace() as current:
       if current is not self.trace:
         return False
-    return all(_jax_private.trace_of(a) is self.trace for a in flat_args)
+    # Its operands are the body's values or constants.
+    return all(_jax_private.trace_of(a) in (self.trace, None)
+               for a in flat_args)
 
   def signature(self) -> list:
     return [(target, [jax.ShapeDtypeStruct(jnp.shape(v), jnp.result_type(v))
