@@ -305,8 +305,7 @@ def _lower_enqueue(ctx, target, contexts, token, operands, operand_avals,
   # XLA's partitioner drops the sharding of our custom call under a global
   # view of several devices, and the native handler is built for CPU
   # buffers only: there the Python callback queues instead.
-  on_cpu = ctx.module_context.platforms == ("cpu",) or list(
-      ctx.module_context.platforms) == ["cpu"]
+  on_cpu = list(ctx.module_context.platforms) == ["cpu"]
   if not asynchronous.delivery.native or global_view or not on_cpu:
     def callback(*flat):
       asynchronous.delivery.push(site, list(flat))

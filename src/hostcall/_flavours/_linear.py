@@ -92,15 +92,32 @@ class LinearTarget(host.HostTarget):
     super().__init__((derivs, direction))
     self.derivs, self.direction = derivs, direction
     d = derivs
+    positional = jax.tree_util.tree_structure(tuple(
+        jax.tree_util.tree_unflatten(d.in_tree, list(d.in_avals))[0]))
+    n_pos = positional.num_leaves
+    # The rule's second argument (tangents of the inputs, or the cotangent
+    # of the result), built from the linear operands and zeros; and what the
+    # rule returns (a tangent of the result, or cotangents of the inputs).
     if direction == "jvp":
       self.rule = d.jvp_rule
-      self.linear_avals = [a for a, m in zip(d.in_avals, d.diff_in) if m]
-      self.result_avals = tuple(a for a, m in zip(d.out_avals, d.diff_out)
-                                if m)
+      self._second = (d.in_avals, d.diff_in, lambda full: tuple(
+          jax.tree_util.tree_unflatten(d.in_tree, full)[0]))
+      self._returns = (d.out_tree, d.out_avals, d.diff_out)
     else:
       self.rule = d.vjp_rule
-      self.linear_avals = [a for a, m in zip(d.out_avals, d.diff_out) if m]
-      self.result_avals = tuple(a for a, m in zip(d.in_avals, d.diff_in) if m)
+      self._second = (d.out_avals, d.diff_out, lambda full:
+                      jax.tree_util.tree_unflatten(d.out_tree, full))
+      self._returns = (positional, d.in_avals[:n_pos], d.diff_in[:n_pos])
+    avals, mask = self._second[:2]
+    self.linear_avals = [a for a, m in zip(avals, mask) if m]
+    _, avals, mask = self._returns
+    self.result_avals = tuple(a for a, m in zip(avals, mask) if m)
+
+  def _second_operand(self, linear, zeros):
+    avals, mask, build = self._second
+    linear = iter(linear)
+    return build([next(linear) if m else zeros(a.shape, a.dtype)
+                  for a, m in zip(avals, mask)])
 
   def __repr__(self):
     return f"{self.direction}_rule({self.derivs.hostfn.__name__!r})"
@@ -114,27 +131,14 @@ class LinearTarget(host.HostTarget):
   def _host_call(self, flat) -> list:
     d = self.derivs
     n = len(d.in_avals)
-    primals, linear = list(flat[:n]), list(flat[n:])
-    args, kwargs = jax.tree_util.tree_unflatten(d.in_tree, primals)
-    if self.direction == "jvp":
-      full = [linear.pop(0) if m else np.zeros(a.shape, a.dtype)
-              for a, m in zip(d.in_avals, d.diff_in)]
-      tangents, _ = jax.tree_util.tree_unflatten(d.in_tree, full)
-      out = self.rule(tuple(args), tuple(tangents), **kwargs)
-      expected_tree, expected_avals, mask = d.out_tree, d.out_avals, d.diff_out
-    else:
-      full = [linear.pop(0) if m else np.zeros(a.shape, a.dtype)
-              for a, m in zip(d.out_avals, d.diff_out)]
-      cotangent = jax.tree_util.tree_unflatten(d.out_tree, full)
-      out = self.rule(tuple(args), cotangent, **kwargs)
-      positional = jax.tree_util.tree_unflatten(
-          d.in_tree, list(d.in_avals))[0]
-      expected_tree = jax.tree_util.tree_structure(tuple(positional))
-      n_pos = expected_tree.num_leaves
-      expected_avals, mask = d.in_avals[:n_pos], d.diff_in[:n_pos]
+    args, kwargs = jax.tree_util.tree_unflatten(d.in_tree, list(flat[:n]))
+    out = self.rule(tuple(args), self._second_operand(flat[n:], np.zeros),
+                    **kwargs)
+    expected_tree, expected_avals, mask = self._returns
+    if self.direction == "vjp":
       # Cotangents of integer inputs are ignored, whatever the rule says.
       given = jax.tree_util.tree_leaves(out, is_leaf=lambda v: v is None)
-      if len(given) == n_pos:
+      if len(given) == expected_tree.num_leaves:
         out = jax.tree_util.tree_unflatten(expected_tree, [
             g if m else np.zeros(a.shape, a.dtype)
             for g, a, m in zip(given, expected_avals, mask)])
@@ -186,24 +190,9 @@ class LinearTarget(host.HostTarget):
           "order. For second order, give the rule as hostcall.HostFunction("
           "rule, jvp=..., vjp=...) with its own derivative rules.")
     d = self.derivs
-    if self.direction == "jvp":
-      lin = list(linear)
-      full = [lin.pop(0) if m else jnp.zeros(a.shape, a.dtype)
-              for a, m in zip(d.in_avals, d.diff_in)]
-      args, kwargs = jax.tree_util.tree_unflatten(d.in_tree, list(residuals))
-      second = jax.tree_util.tree_unflatten(d.in_tree, full)[0]
-      out_tree, out_avals, mask = d.out_tree, d.out_avals, d.diff_out
-    else:
-      lin = list(linear)
-      full = [lin.pop(0) if m else jnp.zeros(a.shape, a.dtype)
-              for a, m in zip(d.out_avals, d.diff_out)]
-      args, kwargs = jax.tree_util.tree_unflatten(d.in_tree, list(residuals))
-      second = jax.tree_util.tree_unflatten(d.out_tree, full)
-      positional = jax.tree_util.tree_unflatten(d.in_tree,
-                                                list(d.in_avals))[0]
-      out_tree = jax.tree_util.tree_structure(tuple(positional))
-      n_pos = out_tree.num_leaves
-      out_avals, mask = d.in_avals[:n_pos], d.diff_in[:n_pos]
+    args, kwargs = jax.tree_util.tree_unflatten(d.in_tree, list(residuals))
+    second = self._second_operand(linear, jnp.zeros)
+    out_tree, out_avals, mask = self._returns
     rule_args = (tuple(args), second)
     flat_in, rule_in_tree = jax.tree_util.tree_flatten((rule_args, kwargs))
     rule_in_avals = [jax.core.ShapedArray(np.shape(x), jnp.result_type(x))
