@@ -76,6 +76,11 @@ class _PythonQueue:
     self.blocked = 0
     self._cond = threading.Condition()
 
+  def set_capacity(self, capacity: int) -> None:
+    with self._cond:
+      self.capacity = capacity
+      self._cond.notify_all()  # a larger bound may let a producer through
+
   def push(self, site: int, arrays: list) -> None:
     size = sum(a.nbytes for a in arrays) + 64
     with self._cond:
@@ -208,11 +213,7 @@ class Delivery:
       raise ValueError(f"capacity must be at least 65536 bytes, got "
                        f"{capacity}")
     self.capacity = capacity
-    q = self.queue
-    if isinstance(q, _NativeQueue):
-      q.set_capacity(capacity)
-    else:
-      q.capacity = capacity
+    self.queue.set_capacity(capacity)
 
   def push(self, site: int, arrays: list) -> None:
     """The Python fallback's producer (and the native path's twin)."""
