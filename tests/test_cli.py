@@ -1,17 +1,81 @@
-"""The hostcall command: demo and info."""
+"""The hostcall command: demo, bench, plot, info, tour; exit codes and output."""
 
+import json
 import pathlib
+import re
 import subprocess
 import sys
 
+import pytest
 
-def _hostcall(*args):
+ROOT = pathlib.Path(__file__).parent.parent
+
+
+def _hostcall(*args, cwd=None):
   return subprocess.run([sys.executable, "-m", "hostcall", *args],
-                        capture_output=True, text=True, timeout=300)
+                        capture_output=True, text=True, timeout=300, cwd=cwd)
 
 
-def test_demo_runs_taps_under_jit_vmap_and_grad():
-  proc = _hostcall("demo")
+def test_demo_fits_the_model_with_a_bar_metrics_and_a_plot(tmp_path):
+  proc = _hostcall("demo", cwd=tmp_path)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  out = proc.stdout
+  assert out.startswith("hostcall 0.1.0 demo: fitting y = a*J0(k*r) + c")
+  assert "4 fits under vmap, 3000 Adam steps each" in out
+  # Every member finds the true wavenumber 3 and amplitude 2.
+  table = re.findall(r"^\s+(\d)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)"
+                     r"\s+([\d.]+)$", out, re.M)
+  assert len(table) == 4
+  for _, _, k, amplitude, offset, loss in table:
+    assert abs(float(k) - 3.0) < 0.02 and abs(float(amplitude) - 2.0) < 0.05
+    assert abs(float(offset) - 0.5) < 0.05 and float(loss) < 0.004
+  assert "metrics: 12000 rows (3000 steps x 4 members) in " \
+      "runs/demo/metrics.jsonl" in out
+  # One live bar for the ensemble on stderr, closed at 3000/3000.
+  assert re.search(r"fit: 100%\|.*\| 3000/3000 .*lanes 4\]", proc.stderr)
+  lines = (tmp_path / "runs/demo/metrics.jsonl").read_text().splitlines()
+  assert len(lines) == 12000
+  first = json.loads(lines[0])
+  assert set(first) == {"step", "member", "loss", "grad_norm",
+                        "learning_rate", "amplitude", "offset", "wavenumber"}
+  assert (tmp_path / "runs/demo/metrics.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_demo_options():
+  proc = _hostcall("demo", "--help")
+  assert proc.returncode == 0
+  assert "--steps" in proc.stdout and "--root" in proc.stdout
+
+
+def test_plot_command(tmp_path):
+  run = tmp_path / "runs" / "small"
+  run.mkdir(parents=True)
+  run.joinpath("metrics.jsonl").write_text(
+      "".join(json.dumps({"step": i, "loss": 1.0 / (i + 1)}) + "\n"
+              for i in range(10)))
+  proc = _hostcall("plot", str(run))
+  assert proc.returncode == 0, proc.stderr
+  assert proc.stdout.strip() == str(run / "metrics.png")
+  assert (run / "metrics.png").read_bytes()[:4] == b"\x89PNG"
+  proc = _hostcall("plot", str(run), "-m", "loss", "-o",
+                   str(tmp_path / "loss.png"))
+  assert proc.returncode == 0 and (tmp_path / "loss.png").exists()
+  missing = _hostcall("plot", str(tmp_path / "nothing"))
+  assert missing.returncode == 1
+  assert "hostcall plot: no run at" in missing.stderr
+
+
+def test_info_names_versions_devices_and_fast_path():
+  proc = _hostcall("info")
+  assert proc.returncode == 0, proc.stderr
+  assert proc.stdout.startswith("hostcall 0.1.0\njax 0.10.")
+  assert "backend cpu" in proc.stdout
+  assert "async taps: native (XLA FFI handler" in proc.stdout
+  assert re.search(r"extras: tqdm \d", proc.stdout)
+
+
+def test_tour_runs_legacy_taps_under_jit_vmap_and_grad():
+  proc = _hostcall("tour")
   assert proc.returncode == 0, proc.stderr[-3000:]
   out = proc.stdout
   assert "what: carry\n1.\nwhat: carry\n2.5\nwhat: carry\n4.25\n" in out
@@ -24,22 +88,27 @@ def test_demo_runs_taps_under_jit_vmap_and_grad():
           "41.0") in out
 
 
-def test_info_names_versions_and_devices():
-  proc = _hostcall("info")
-  assert proc.returncode == 0, proc.stderr
-  assert proc.stdout.startswith("hostcall 0.1.0\njax 0.10.")
-  assert "backend cpu" in proc.stdout
-  assert "async taps: native (XLA FFI handler" in proc.stdout
+@pytest.mark.parametrize("args", [["nope"], ["info", "--extra"], []])
+def test_bad_commands_fail_with_usage(args):
+  proc = _hostcall(*args)
+  assert proc.returncode == 2
+  assert "usage: hostcall" in proc.stderr
 
 
-def test_unknown_command_fails():
-  assert _hostcall("nope").returncode == 2
-
-
-def test_benchmark_smoke_run():
-  script = pathlib.Path(__file__).parent.parent / "benchmarks" / "run.py"
-  proc = subprocess.run([sys.executable, str(script), "--smoke"],
-                        capture_output=True, text=True, timeout=300)
+def test_benchmark_smoke_run(tmp_path):
+  proc = _hostcall("bench", "--smoke", "--out", str(tmp_path))
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert "1. default tap, scalar" in proc.stdout
   assert "6. async taps with a busy Python thread" in proc.stdout
+  assert "7. progress bar (hostcall.progress.scan)" in proc.stdout
+  assert "7. per-step metrics (hostcall.scan, every=256)" in proc.stdout
+  rows = json.loads((tmp_path / "latest.json").read_text())["rows"]
+  assert any(r["row"].startswith("7. progress bar") for r in rows)
+
+
+def test_make_bench_script_is_the_same_benchmark(tmp_path):
+  proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "run.py"),
+                         "--smoke"], capture_output=True, text=True,
+                        timeout=300, cwd=tmp_path)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "results: " + str(ROOT / "benchmarks" / "results") in proc.stdout

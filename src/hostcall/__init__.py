@@ -18,13 +18,17 @@ Public API:
   ``hostcall.queue_stats``.
 * ``hostcall.scan``: ``lax.scan`` whose taps reach the host K steps at a
   time (loop-buffered delivery).
+* ``hostcall.progress``: progress bars for ``scan``, ``fori_loop`` and
+  ``while_loop`` under ``jit``, ``vmap`` and several devices.
+* ``hostcall.metrics``: metrics logged from inside ``jit`` to JSON Lines,
+  CSV, TensorBoard or a DataFrame, and plotted to PNG.
 * ``hostcall.call_context()``: inside a host function, which device and
   process called it and under which transformations.
 * ``hostcall.CallbackException``, ``hostcall.CallContext``,
   ``hostcall.fd_step``.
 """
 
-from hostcall import host_callback
+from hostcall import host_callback, metrics, progress
 from hostcall._core import (CallbackException, CallContext, barrier,
                             delivery, set_delivery)
 from hostcall._core.asynchronous import queue_stats, set_queue_capacity
@@ -53,6 +57,8 @@ __all__ = [
     "fd_step",
     "host_callback",
     "io_callback",
+    "metrics",
+    "progress",
     "pure_callback",
     "scan",
 ]

@@ -58,7 +58,8 @@ class Collector:
 def intercept(flat_args, target: host.HostTarget) -> bool:
   """Records a result-less tap in the active collector; True if recorded."""
   collector = getattr(_local, "collector", None)
-  if collector is None or not collector.owns(flat_args):
+  if (collector is None or not target.bufferable
+      or not collector.owns(flat_args)):
     return False
   collector.taps.append((target, list(flat_args)))
   return True
@@ -80,6 +81,7 @@ class FlushTarget(host.HostTarget):
   """Replays K steps of buffered taps, in order, to their host functions."""
 
   returns_results = False
+  bufferable = False  # an enclosing hostcall.scan flushes its own chunks
 
   def __init__(self, taps: list, every: int):
     super().__init__(("flush", tuple(t for t, _ in taps),
@@ -111,11 +113,12 @@ class FlushTarget(host.HostTarget):
     *buffers, count = flat_args
     lead = (slice(None),) * len(context.batch_levels)
     n = int(np.asarray(count).reshape(-1)[0])
-    taps = []
+    taps, vectorised = [], []
     offset = 0
     for target, size, tap_context in zip(self.targets, self.sizes,
                                          self._contexts(context)):
-      taps.append((target, buffers[offset:offset + size], tap_context))
+      tap = (target, buffers[offset:offset + size], tap_context)
+      (taps if target.deliver_steps is None else vectorised).append(tap)
       offset += size
     # The hot loop of loop-buffered delivery: one host function call per tap
     # per step, as host.run would make it, without its per-call set-up.
@@ -133,6 +136,19 @@ class FlushTarget(host.HostTarget):
             logger.error("hostcall: buffered tap %r raised", target,
                          exc_info=True)
             host.errors.record(exc, traceback.format_exc())
+      # Vectorised taps take the chunk in one call, after the others.
+      steps = lead + (slice(0, n), Ellipsis)
+      for target, tap_buffers, tap_context in vectorised:
+        host._current.context = tap_context
+        try:
+          target.deliver_steps([b[steps] for b in tap_buffers], n,
+                               tap_context)
+        except KeyboardInterrupt:
+          raise
+        except BaseException as exc:  # noqa: BLE001 - later taps still run
+          logger.error("hostcall: buffered tap %r raised", target,
+                       exc_info=True)
+          host.errors.record(exc, traceback.format_exc())
     finally:
       host._current.context = outer
     return ()
@@ -140,13 +156,15 @@ class FlushTarget(host.HostTarget):
 
 def scan(f: Callable, init, xs=None, length: int | None = None,
          reverse: bool = False, unroll: int | bool = 1, *,
-         every: int = 64) -> Any:
+         every: int = 64, after_chunk: Callable | None = None) -> Any:
   """``lax.scan`` whose taps reach the host ``every`` steps at a time.
 
   Arguments:
     f, init, xs, length, reverse, unroll: as for ``jax.lax.scan``.
     every: how many steps of taps the device gathers before one host call.
       The device holds ``every`` times one step's tap payload.
+    after_chunk: hostcall's applications' hook: called (traced) as
+      ``after_chunk(carry, ys_of_chunk)`` after each chunk's flush.
 
   Returns:
     What ``jax.lax.scan`` returns.
@@ -182,7 +200,7 @@ def scan(f: Callable, init, xs=None, length: int | None = None,
   if reverse:
     flip = lambda t: jax.tree_util.tree_map(lambda a: jnp.flip(a, 0), t)
     carry, ys = scan(f, init, flip(xs), length=length, unroll=unroll,
-                     every=every)
+                     every=every, after_chunk=after_chunk)
     return carry, flip(ys)
 
   from hostcall._core.primitive import bind  # the primitive imports us
@@ -200,6 +218,8 @@ def scan(f: Callable, init, xs=None, length: int | None = None,
                                  unroll=unroll)
     if taps:
       bind(list(taps) + [jnp.int32(n)], target=targets[0], identity=False)
+    if after_chunk is not None:
+      after_chunk(carry, ys)
     return carry, ys
 
   full, rest = divmod(steps, every)

@@ -61,6 +61,15 @@ class HostTarget:
   #: barrier (taps, whose computation does not wait for them).
   returns_results: bool = False
 
+  #: Whether ``hostcall.scan`` may gather this tap's values over K steps.
+  #: Taps whose host side must see each event as it happens say no.
+  bufferable: bool = True
+
+  #: A vectorised host side: ``deliver_steps(stacked_args, steps, context)``
+  #: receives K buffered steps at once (the step axis after the batch axes)
+  #: instead of one ``deliver`` call per step; None when it has none.
+  deliver_steps: Callable | None = None
+
   def __init__(self, key: tuple):
     self.key = key
 
@@ -194,6 +203,30 @@ def run(target: HostTarget, flat_args: Sequence[np.ndarray],
     _current.context = outer
 
 
+_barrier_hooks: list[Callable[[], None]] = []
+_abort_hooks: list[Callable[[], None]] = []
+
+
+def add_barrier_hook(hook: Callable[[], None]) -> None:
+  """Runs ``hook()`` at the end of every barrier (and at exit): where
+  applications built on taps flush what they buffered."""
+  _barrier_hooks.append(hook)
+
+
+def add_abort_hook(hook: Callable[[], None]) -> None:
+  """Runs ``hook()`` when a host function raises into its computation, which
+  then fails: where applications close what the computation opened."""
+  _abort_hooks.append(hook)
+
+
+def run_hooks(hooks: list) -> None:
+  for hook in list(hooks):
+    try:
+      hook()
+    except Exception:  # noqa: BLE001 - one application must not stop others
+      logger.exception("hostcall: hook %r raised", hook)
+
+
 def _deliver(target, flat_args, context) -> tuple:
   if target.returns_results:
     try:
@@ -201,10 +234,12 @@ def _deliver(target, flat_args, context) -> tuple:
     except BaseException as exc:
       logger.error("hostcall: host function %r raised %s: %s", target,
                    type(exc).__name__, exc)
+      run_hooks(_abort_hooks)
       raise
   try:
     target.deliver(flat_args, context)
   except KeyboardInterrupt:
+    run_hooks(_abort_hooks)
     raise  # Ctrl-C stops the computation; it is no tap failure to postpone
   except BaseException as exc:  # noqa: BLE001 - a tap must never kill the run
     formatted = traceback.format_exc()
@@ -241,6 +276,7 @@ def barrier(logging_name: str | None = None) -> None:
   logger.debug("barrier %s: waiting", logging_name or "")
   from hostcall._core import asynchronous  # the queue starts on first use
   asynchronous.wait()
+  run_hooks(_barrier_hooks)
   logger.debug("barrier %s: done", logging_name or "")
   failure = errors.take()
   if failure is not None:

@@ -1,0 +1,237 @@
+"""The host side of progress bars: one tqdm bar per loop invocation.
+
+Device code (``progress.py``) sends four kinds of events from the loop it
+wraps: *open* before the first step, *tick* with the step count after every
+chunk of steps, *pace* (a ``while_loop`` asking how many steps to run before
+its next tick) and *close* after the last step. Every device that runs the
+loop sends its own events; they are merged here into one bar per invocation.
+The k-th invocation of a loop on one device is the k-th invocation on every
+other device, so the bar of an invocation is keyed by ``(site, k)``.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+import threading
+import time
+from typing import Any
+
+import numpy as np
+
+from hostcall._core import host
+
+#: Seconds between two ticks that a while_loop's pace aims for (the bar
+#: redraws at most this often anyway).
+TICK_INTERVAL = 0.1
+
+
+@dataclasses.dataclass(frozen=True)
+class BarSpec:
+  """What a loop's bar looks like; static, fixed when the loop is traced."""
+
+  desc: str | None
+  total: int | None
+  unit: str
+  position: int
+  leave: bool
+  file: Any
+  all_processes: bool
+  options: tuple  # further tqdm keyword arguments, as sorted items
+
+  def make(self, total):
+    if self.file is None:
+      from tqdm.auto import tqdm
+    else:
+      from tqdm import tqdm
+    options = dict(mininterval=TICK_INTERVAL,
+                   dynamic_ncols=self.file is None)
+    options.update(self.options)
+    return tqdm(total=total, desc=self.desc, unit=self.unit,
+                position=self.position, leave=self.leave, file=self.file,
+                **options)
+
+
+class _Bar:
+  """One invocation's bar, merged over the devices that run the loop."""
+
+  def __init__(self, spec: BarSpec, total: int | None):
+    self.spec = spec
+    self.counts: dict[Any, int] = {}
+    self.closed: set = set()
+    self.lanes: int | None = None
+    self.running: dict[Any, int] = {}
+    self.tqdm = spec.make(total)
+
+  @property
+  def is_open(self) -> bool:
+    return self.tqdm is not None
+
+  def show(self, refresh: bool = False) -> None:
+    n = min(self.counts.values())  # the slowest device
+    postfix = []
+    if self.lanes is not None:
+      if self.running:
+        postfix.append(f"lanes {sum(self.running.values())}/{self.lanes}")
+      else:
+        postfix.append(f"lanes {self.lanes}")
+    if postfix:
+      self.tqdm.set_postfix_str(", ".join(postfix), refresh=False)
+    if n > self.tqdm.n:
+      self.tqdm.update(n - self.tqdm.n)  # redraws at most every mininterval
+    elif refresh:
+      self.tqdm.refresh()
+
+  def finish(self, stopped: bool = False) -> None:
+    if self.tqdm is None:
+      return
+    if stopped:
+      self.tqdm.set_postfix_str("stopped", refresh=False)
+    self.tqdm.close()
+    self.tqdm = None
+
+
+class Bars:
+  """Every progress bar of this process; thread-safe (devices call from their
+  own threads)."""
+
+  def __init__(self):
+    self._lock = threading.RLock()
+    self._specs: dict[BarSpec, int] = {}
+    self._by_site: list[BarSpec] = []
+    self._invocations: collections.Counter = collections.Counter()
+    # Bars stay findable after closing, for devices that open them late.
+    self._bars: collections.OrderedDict = collections.OrderedDict()
+    self._tracked: dict[tuple, int] = {}  # (site, device) -> open invocation
+    self._paces: dict[tuple, tuple[float, int]] = {}
+
+  def site(self, spec: BarSpec) -> int:
+    """The site number of a loop; equal specs share one (and a compilation)."""
+    with self._lock:
+      if spec not in self._specs:
+        self._specs[spec] = len(self._by_site)
+        self._by_site.append(spec)
+      return self._specs[spec]
+
+  def open(self, site: int, device, total: int | None, context=None) -> int:
+    """Opens (or joins) the bar of this device's next invocation of the
+    loop; returns the invocation's number, which its later events carry."""
+    with self._lock:
+      spec = self._by_site[site]
+      index = self._invocations[(site, device)]
+      self._invocations[(site, device)] += 1
+      self._paces[(site, device)] = (time.monotonic(), 0)
+      if (context is not None and not spec.all_processes and
+          context.process_index != 0):
+        return index  # drawn by process 0 only
+      bar = self._bars.get((site, index))
+      if bar is None:
+        bar = self._bars[(site, index)] = _Bar(spec, total)
+        while len(self._bars) > 1024:
+          self._bars.popitem(last=False)
+      if bar.is_open:
+        bar.counts[device] = 0
+      return index
+
+  def tick(self, site: int, index: int, device, count: int,
+           lanes: int | None = None, running: int | None = None) -> None:
+    with self._lock:
+      bar = self._open_bar(site, index, device)
+      if bar is None:
+        return  # late (its invocation ended) or not drawn here
+      bar.counts[device] = max(count, bar.counts[device])
+      bar.lanes = lanes
+      if running is not None:
+        bar.running[device] = running
+      bar.show()
+
+  def close(self, site: int, index: int, device, count: int,
+            lanes: int | None = None) -> None:
+    with self._lock:
+      bar = self._open_bar(site, index, device)
+      if bar is not None:
+        bar.counts[device] = count
+        bar.lanes = lanes
+        bar.running.pop(device, None)
+        self._end(bar, device)
+
+  def step(self, site: int, device, steps: int, lanes: int | None,
+           context=None) -> None:
+    """``steps`` more steps of a loop whose body alone is decorated: the
+    first opens a bar, reaching the spec's total closes it."""
+    with self._lock:
+      index = self._tracked.get((site, device))
+      if index is None or self._open_bar(site, index, device) is None:
+        index = self._tracked[(site, device)] = self.open(
+            site, device, self._by_site[site].total, context)
+      bar = self._open_bar(site, index, device)
+      if bar is None:
+        return
+      bar.counts[device] += steps
+      bar.lanes = lanes
+      bar.show()
+      total = self._by_site[site].total
+      if total is not None and bar.counts[device] >= total:
+        self._end(bar, device)
+
+  def pace(self, site: int, device) -> int:
+    """How many steps a while_loop runs before its next tick: about
+    ``TICK_INTERVAL`` seconds' worth at the rate measured so far."""
+    with self._lock:
+      now = time.monotonic()
+      then, steps = self._paces.get((site, device), (now, 0))
+      if steps == 0:
+        following = 1
+      else:
+        rate = steps / max(now - then, 1e-6)
+        following = int(min(max(rate * TICK_INTERVAL, 1), 2 * steps))
+      following = min(following, 1 << 30)
+      self._paces[(site, device)] = (now, following)
+      return following
+
+  def close_all(self, stopped: bool = False) -> None:
+    """Closes every open bar (their loops ended without closing them)."""
+    with self._lock:
+      for bar in list(self._bars.values()):
+        if bar.is_open:
+          for device in list(bar.counts):
+            self._end(bar, device, stopped=stopped)
+
+  def _open_bar(self, site, index, device) -> _Bar | None:
+    bar = self._bars.get((site, index))
+    if bar is None or not bar.is_open or device not in bar.counts or \
+        device in bar.closed:
+      return None
+    return bar
+
+  def _end(self, bar: _Bar, device, stopped: bool = False) -> None:
+    bar.closed.add(device)
+    if bar.closed >= set(bar.counts):
+      bar.show(refresh=True)
+      total = bar.tqdm.total
+      if total is not None:  # a known length tells whether it finished
+        stopped = min(bar.counts.values()) < total
+      bar.finish(stopped=stopped)
+
+
+bars = Bars()
+# A computation that fails never sends its loops' close events; neither does
+# one whose loop raised before a barrier.
+host.add_abort_hook(lambda: bars.close_all(stopped=True))
+host.add_barrier_hook(bars.close_all)
+
+
+def lanes_of(context) -> int | None:
+  """The number of vmap lanes of a call, or None outside vmap."""
+  if context is None or not context.batch_levels:
+    return None
+  return math.prod(size for _, size in context.batch_levels)
+
+
+def last_count(counts: np.ndarray, step_axis: int | None = None) -> int:
+  """The step count a tick reports: the furthest lane's."""
+  counts = np.asarray(counts)
+  if step_axis is not None:
+    counts = np.take(counts, -1, axis=step_axis)
+  return int(counts.max()) if counts.size else 0

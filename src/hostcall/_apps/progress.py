@@ -1,0 +1,443 @@
+"""Progress bars for compiled loops: the device side.
+
+``scan`` and ``fori_loop`` run as ``hostcall.scan`` chunks: one host call
+per chunk of ``every`` steps carries the step count, so the device makes
+about a hundred host calls per loop whatever its length. ``while_loop``
+cannot know its length: it runs chunks whose size the host chooses at each
+tick from the rate it measured (about ``bars.TICK_INTERVAL`` seconds of
+steps), so a slow loop ticks every step and a fast one every few thousand.
+``track`` decorates a body alone: one tick per step, buffered when the body
+runs inside ``hostcall.scan``. The host side is ``bars.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from hostcall._apps import bars as _bars
+from hostcall._core import bind, buffering, host
+
+_local = threading.local()
+
+# Targets ---------------------------------------------------------------------
+
+
+class _Target(host.HostTarget):
+  """A bar's host side; under vmap it sees every lane at once."""
+
+  def __init__(self, kind: str, site: int):
+    super().__init__(("progress", kind, site))
+    self.kind, self.site = kind, site
+
+  def vmap_method(self) -> str:
+    return "broadcast_all"
+
+  def check_differentiable(self) -> None:
+    return None  # step counts: nothing to differentiate
+
+
+class _Open(_Target):
+  """Opens the bar of one invocation; returns its number for the ticks."""
+
+  returns_results = True
+  bufferable = False
+
+  def __init__(self, site: int):
+    super().__init__("open", site)
+
+  def deliver(self, flat_args, context):
+    total = np.asarray(flat_args[0])
+    first = int(total.reshape(-1)[0]) if total.size else -1
+    index = _bars.bars.open(self.site, context.device,
+                            None if first < 0 else first, context)
+    return [np.full(total.shape, index, np.int32)]
+
+
+class _Close(_Target):
+  """Closes an invocation's bar when its loop ends:
+  ``(index, count, witness)``."""
+
+  bufferable = False
+
+  def __init__(self, site: int):
+    super().__init__("close", site)
+
+  def deliver(self, flat_args, context):
+    index, count, _ = flat_args
+    _bars.bars.close(self.site, int(np.asarray(index).reshape(-1)[0]),
+                     context.device, _bars.last_count(count),
+                     _bars.lanes_of(context))
+    return ()
+
+
+class _Tick(_Target):
+  """The step count after a chunk, delivered asynchronously (the device does
+  not wait for the bar): ``(index, count, witness[, running])``."""
+
+  bufferable = False
+
+  def __init__(self, site: int):
+    super().__init__("tick", site)
+
+  def deliver(self, flat_args, context):
+    index, count, _, *active = flat_args
+    running = int(np.count_nonzero(active[0])) if active else None
+    _bars.bars.tick(self.site, int(np.asarray(index).reshape(-1)[0]),
+                    context.device, _bars.last_count(count),
+                    _bars.lanes_of(context), running)
+    return ()
+
+
+class _Step(_Target):
+  """One step of a decorated body (``track``)."""
+
+  def __init__(self, site: int):
+    super().__init__("step", site)
+
+  def deliver(self, flat_args, context):
+    _bars.bars.step(self.site, context.device, 1, _bars.lanes_of(context),
+                    context)
+    return ()
+
+  def deliver_steps(self, stacked, steps, context):
+    _bars.bars.step(self.site, context.device, steps,
+                    _bars.lanes_of(context), context)
+
+
+class _Pace(_Target):
+  """A while_loop's question: how many steps until the next tick?"""
+
+  returns_results = True
+  bufferable = False
+
+  def __init__(self, site: int):
+    super().__init__("pace", site)
+
+  def deliver(self, flat_args, context):
+    return [np.int32(_bars.bars.pace(self.site, context.device))]
+
+
+# Device side -----------------------------------------------------------------
+
+
+def _lanes_probe(tree) -> jax.Array:
+  """A zero-size array batched wherever ``tree`` is: it makes a tick see
+  the vmap lanes without sending any data."""
+  probe = jnp.zeros((0,), jnp.int8)
+  for leaf in jax.tree_util.tree_leaves(tree):
+    probe = probe + jnp.ravel(jnp.asarray(leaf))[:0].astype(jnp.int8)
+  return probe
+
+
+@contextlib.contextmanager
+def _nested():
+  _local.depth = getattr(_local, "depth", 0) + 1
+  try:
+    yield
+  finally:
+    _local.depth -= 1
+
+
+def _spec(desc, total, unit, leave, file, all_processes, options):
+  position = getattr(_local, "depth", 0)
+  try:
+    items = tuple(sorted(options.items()))
+    hash(items)
+  except TypeError:
+    raise TypeError(f"progress bar options must be hashable, got "
+                    f"{options!r}") from None
+  return _bars.BarSpec(
+      desc=desc, total=total, unit=unit, position=position,
+      leave=(position == 0) if leave is None else bool(leave), file=file,
+      all_processes=bool(all_processes), options=items)
+
+
+_INDEX_AVAL = jax.core.ShapedArray((), jnp.int32)
+
+
+def _open(site, total) -> jax.Array:
+  (index,) = bind([jnp.asarray(total, jnp.int32)], target=_Open(site),
+                  identity=False, result_avals=(_INDEX_AVAL,),
+                  mode="unordered")
+  return index
+
+
+def _witness(tree) -> jax.Array:
+  """One number read from every leaf of ``tree`` (or an empty array when it
+  holds no data), batched wherever ``tree`` is."""
+  witness = _lanes_probe(tree).astype(jnp.float32)
+  for leaf in jax.tree_util.tree_leaves(tree):
+    leaf = jnp.ravel(jnp.asarray(leaf))
+    if leaf.size:
+      part = leaf[:1]
+      part = jnp.abs(part) if jnp.iscomplexobj(part) else part
+      witness = (witness if witness.size else 0) + part.astype(jnp.float32)
+  return witness
+
+
+def _tick(site, index, count, results, *active):
+  # Reading the chunk's results keeps the tick after the chunk's steps.
+  bind([index, count, _witness(results), *active], target=_Tick(site),
+       identity=False, delivery="async", mode="unordered")
+
+
+def _close(site, index, count, results):
+  # The runtime starts an operation when its input buffers are ready, and
+  # XLA may know a loop's final step count without running it (an induction
+  # variable): reading the loop's results makes the close wait for its end.
+  bind([index, count, _witness(results)], target=_Close(site),
+       identity=False, mode="unordered")
+
+
+def _check_every(every):
+  if every is not None and (not isinstance(every, int) or
+                            isinstance(every, bool) or every < 1):
+    raise ValueError(f"every must be a positive int or None, got {every!r}")
+
+
+def scan(f: Callable, init, xs=None, length: int | None = None,
+         reverse: bool = False, unroll: int | bool = 1, *,
+         desc: str | None = None, every: int | None = None,
+         unit: str = "step", leave: bool | None = None, file=None,
+         all_processes: bool = False, **tqdm_options) -> Any:
+  """``jax.lax.scan`` with a progress bar.
+
+  Arguments:
+    f, init, xs, length, reverse, unroll: as for ``jax.lax.scan``.
+    desc: the bar's label.
+    every: steps between two updates of the bar (one host call each);
+      default: a hundredth of the loop. Taps in ``f`` are delivered in
+      chunks of ``every`` steps too (see ``hostcall.scan``).
+    unit: what a step is called on the bar.
+    leave: keep the finished bar on screen; default: only outermost bars.
+    file: where the bar is drawn (default: ``tqdm.auto``, the terminal's
+      stderr or a notebook widget).
+    all_processes: draw a bar in every process of a multi-process job, not
+      only in process 0.
+    **tqdm_options: further ``tqdm`` arguments (``colour``, ``ncols``...).
+
+  Returns:
+    What ``jax.lax.scan`` returns.
+
+  One bar per call of the loop at run time, also under ``jit`` (not one per
+  trace). Nested progress loops draw nested bars. Under ``vmap`` one bar
+  counts the steps and shows the number of lanes; on several devices
+  (``shard_map``, ``pmap``) one bar follows the slowest device. The bar closes
+  when the loop ends, and, marked ``stopped``, when its computation fails.
+
+  Example:
+    >>> import io, jax, hostcall
+    >>> out = io.StringIO()
+    >>> run = jax.jit(lambda x: hostcall.progress.scan(
+    ...     lambda c, _: (c * x, None), 1.0, length=500, file=out)[0])
+    >>> float(run(1.001))
+    1.6483...
+    >>> "500/500" in out.getvalue()
+    True
+  """
+  _check_every(every)
+  leaves = jax.tree_util.tree_leaves(xs)
+  steps = length if length is not None else (
+      leaves[0].shape[0] if leaves else None)
+  if steps is None:
+    raise ValueError("hostcall.progress.scan needs xs or length to know its "
+                     "number of steps, as jax.lax.scan does.")
+  site = _bars.bars.site(_spec(desc, int(steps), unit, leave, file,
+                               all_processes, tqdm_options))
+  every = every or max(1, -(-int(steps) // 100))
+
+  def body(state, x):
+    count, carry = state
+    with _nested():
+      carry, y = f(carry, x)
+    return (count + 1, carry), y
+
+  index = _open(site, steps)
+  (count, carry), ys = buffering.scan(
+      body, (jnp.int32(0), init), xs, length=length, reverse=reverse,
+      unroll=unroll, every=every,
+      after_chunk=lambda state, ys: _tick(site, index, state[0], (state, ys)))
+  _close(site, index, count, (carry, ys))
+  return carry, ys
+
+
+def fori_loop(lower, upper, body_fun: Callable, init_val, *,
+              unroll: int | bool | None = None, desc: str | None = None,
+              every: int | None = None, unit: str = "step",
+              leave: bool | None = None, file=None,
+              all_processes: bool = False, **tqdm_options) -> Any:
+  """``jax.lax.fori_loop`` with a progress bar.
+
+  Arguments and bar options as for ``hostcall.progress.scan``; with bounds
+  known at trace time the loop runs as ``hostcall.progress.scan`` (and is
+  reverse-differentiable), otherwise as ``hostcall.progress.while_loop``.
+
+  Returns:
+    What ``jax.lax.fori_loop`` returns.
+
+  Example:
+    >>> import io, jax, hostcall
+    >>> out = io.StringIO()
+    >>> hostcall.progress.fori_loop(0, 10, lambda i, c: c + i, 0, file=out)
+    Array(45, dtype=int32, weak_type=True)
+    >>> "10/10" in out.getvalue()
+    True
+  """
+  options = dict(desc=desc, every=every, unit=unit, leave=leave, file=file,
+                 all_processes=all_processes, **tqdm_options)
+  try:
+    lo, hi = int(lower), int(upper)
+  except (TypeError, jax.errors.ConcretizationTypeError):
+    lo = hi = None
+  if lo is not None:
+    def step(state, _):
+      i, carry = state
+      return (i + 1, body_fun(i, carry)), None
+    (_, carry), _ = scan(step, (jnp.asarray(lo, jnp.result_type(lower)),
+                                init_val), length=max(hi - lo, 0),
+                         unroll=1 if unroll is None else unroll, **options)
+    return carry
+
+  def cond(state):
+    return state[0] < upper
+
+  def body(state):
+    i, carry = state
+    return i + 1, body_fun(i, carry)
+
+  index = jnp.asarray(lower, jnp.result_type(lower, upper))
+  total = jnp.maximum(jnp.asarray(upper) - index, 0)
+  return _while(cond, body, (index, init_val), total, **options)[1]
+
+
+def while_loop(cond_fun: Callable, body_fun: Callable, init_val, *,
+               desc: str | None = None, every: int | None = None,
+               unit: str = "step", leave: bool | None = None, file=None,
+               all_processes: bool = False, **tqdm_options) -> Any:
+  """``jax.lax.while_loop`` with a progress bar: a counter with its rate.
+
+  Arguments and bar options as for ``hostcall.progress.scan``, except
+  ``every``: default None lets the host pace the ticks (about ten a second,
+  whatever a step costs); an int fixes the steps between ticks.
+
+  Returns:
+    What ``jax.lax.while_loop`` returns.
+
+  Under ``vmap`` with a batched predicate the bar shows how many lanes are
+  still running.
+
+  Example:
+    >>> import io, jax, hostcall
+    >>> out = io.StringIO()
+    >>> hostcall.progress.while_loop(lambda c: c < 100, lambda c: c + 1, 0,
+    ...                              file=out)
+    Array(100, dtype=int32, weak_type=True)
+    >>> "100step" in out.getvalue().replace(" ", "")
+    True
+  """
+  return _while(cond_fun, body_fun, init_val, -1, desc=desc, every=every,
+                unit=unit, leave=leave, file=file,
+                all_processes=all_processes, **tqdm_options)
+
+
+def _while(cond_fun, body_fun, init_val, total, *, desc, every, unit, leave,
+           file, all_processes, **tqdm_options):
+  _check_every(every)
+  site = _bars.bars.site(_spec(desc, None, unit, leave, file, all_processes,
+                               tqdm_options))
+  pace = _Pace(site)
+
+  def chunk(state):
+    count, carry = state
+    if every is None:
+      (steps,) = bind([], target=pace, identity=False,
+                      result_avals=(_INDEX_AVAL,), mode="unordered")
+    else:
+      steps = every
+
+    def inner_cond(inner):
+      return (inner[0] < steps) & cond_fun(inner[2])
+
+    def inner_body(inner):
+      j, count, carry = inner
+      with _nested():
+        carry = body_fun(carry)
+      return j + 1, count + 1, carry
+
+    _, count, carry = lax.while_loop(inner_cond, inner_body,
+                                     (jnp.int32(0), count, carry))
+    _tick(site, index, count, carry, cond_fun(carry))
+    return count, carry
+
+  index = _open(site, total)
+  count, carry = lax.while_loop(lambda state: cond_fun(state[1]), chunk,
+                                (jnp.int32(0), init_val))
+  _close(site, index, count, carry)
+  return carry
+
+
+def track(body: Callable | None = None, *, total: int | None = None,
+          desc: str | None = None, unit: str = "step",
+          leave: bool | None = None, file=None, all_processes: bool = False,
+          **tqdm_options) -> Callable:
+  """Decorates a loop body so that each of its steps advances a bar.
+
+  For a body passed to ``lax.scan``, ``lax.fori_loop`` or
+  ``lax.while_loop`` you cannot change the loop call of; wrapping the loop
+  (``hostcall.progress.scan`` and the others) is cheaper and knows when each
+  invocation starts and ends. Each step makes one host call, gathered
+  ``every`` steps at a time when the loop is ``hostcall.scan``.
+
+  Arguments:
+    body: the loop body (any signature; it is called unchanged).
+    total: the number of steps of one invocation: the bar closes when it is
+      reached and the next step opens a new one. Without it one counter
+      runs until the next ``hostcall.barrier()``.
+    desc, unit, leave, file, all_processes, **tqdm_options: as for
+      ``hostcall.progress.scan``.
+
+  Returns:
+    The decorated body (or a decorator, when called without ``body``).
+
+  Example:
+    >>> import io, jax, hostcall
+    >>> out = io.StringIO()
+    >>> @hostcall.progress.track(total=20, file=out)
+    ... def step(c, x):
+    ...   return c + x, None
+    >>> jax.lax.scan(step, 0.0, jax.numpy.ones(20))[0]
+    Array(20., dtype=float32)
+    >>> hostcall.barrier(); "20/20" in out.getvalue()
+    True
+  """
+  if body is None:
+    return functools.partial(track, total=total, desc=desc, unit=unit,
+                             leave=leave, file=file,
+                             all_processes=all_processes, **tqdm_options)
+  host.check_callable(body, "hostcall.progress.track's body")
+
+  @functools.wraps(body)
+  def tracked(*args, **kwargs):
+    # The nesting depth (the bar's row) is known when the body is traced.
+    spec = _spec(desc, total, unit, leave, file, all_processes, tqdm_options)
+    step = _Step(_bars.bars.site(spec))
+    with _nested():
+      out = body(*args, **kwargs)
+    bind([_lanes_probe(out)], target=step, identity=False,
+         mode="unordered")
+    return out
+
+  return tracked
+
+
+def close_all() -> None:
+  """Closes every bar still open (normally they close themselves)."""
+  _bars.bars.close_all()

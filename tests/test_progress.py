@@ -1,0 +1,308 @@
+"""hostcall.progress: bars driven from compiled loops, read back from a stream."""
+
+import io
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import hostcall
+from hostcall import progress
+from hostcall._apps import bars as bars_module
+from hostcall._apps import progress as progress_impl
+
+
+def _renders(stream: io.StringIO, desc: str) -> list[str]:
+  """Every render of the bar called ``desc``, in order."""
+  return [r.strip() for r in re.split(r"[\r\n]", stream.getvalue())
+          if r.strip().startswith(desc + ":") or
+          r.strip().startswith(desc + " ")]
+
+
+def _final_counts(stream, desc) -> list[str]:
+  """The ``n/total`` of each finished bar (the render before its newline)."""
+  finals = []
+  for line in stream.getvalue().split("\n"):
+    renders = [r for r in line.split("\r") if r.strip().startswith(desc)]
+    if renders:
+      match = re.search(r"(\d+)/(\d+)|(\d+)\S* \[", renders[-1])
+      finals.append(match.group(0).split(" ")[0] if match else renders[-1])
+  return finals
+
+
+def _open_bars():
+  return [key for key, bar in bars_module.bars._bars.items() if bar.is_open]
+
+
+def _step(carry, x):
+  carry = carry * 0.5 + x
+  return carry, carry * 2
+
+
+def test_scan_matches_lax_scan_and_draws_one_bar_per_call():
+  out = io.StringIO()
+  xs = jnp.arange(300.0)
+  run = jax.jit(lambda xs: progress.scan(_step, 1.0, xs, desc="fit", file=out))
+  expected = jax.lax.scan(_step, 1.0, xs)
+  for _ in range(3):
+    carry, ys = run(xs)
+    np.testing.assert_allclose(carry, expected[0], rtol=1e-6)
+    np.testing.assert_allclose(ys, expected[1], rtol=1e-6)
+  hostcall.barrier()
+  assert _final_counts(out, "fit") == ["300/300"] * 3
+  assert _open_bars() == []
+
+
+def test_reverse_length_and_unroll_as_lax_scan():
+  out = io.StringIO()
+  xs = jnp.arange(10.0)
+  got = progress.scan(_step, 0.0, xs, reverse=True, unroll=2, file=out,
+                      desc="rev")
+  want = jax.lax.scan(_step, 0.0, xs, reverse=True)
+  np.testing.assert_allclose(got[1], want[1])
+  got = progress.scan(lambda c, _: (c + 1, c), 0, length=7, file=out,
+                      desc="len")
+  assert int(got[0]) == 7 and got[1].tolist() == list(range(7))
+  hostcall.barrier()
+  assert _final_counts(out, "rev") == ["10/10"]
+  assert _final_counts(out, "len") == ["7/7"]
+
+
+def test_ticks_are_few_and_redraws_throttled(monkeypatch):
+  ticks = []
+  original = bars_module.bars.tick
+  monkeypatch.setattr(bars_module.bars, "tick",
+                      lambda *a, **k: (ticks.append(a[3]), original(*a, **k)))
+  out = io.StringIO()
+  jax.jit(lambda: progress.scan(lambda c, _: (c + 1, None), 0, length=1000,
+                                file=out, desc="fast"))()
+  hostcall.barrier()
+  # One tick per 1% of the loop, not one per step.
+  assert ticks == list(range(10, 1001, 10))
+  # The loop takes milliseconds: the bar is drawn when it opens and when it
+  # closes, not at every tick (at most one redraw per 0.1 s).
+  assert len(_renders(out, "fast")) <= 3
+  assert _final_counts(out, "fast") == ["1000/1000"]
+
+
+def test_every_sets_the_ticks():
+  seen = []
+  out = io.StringIO()
+  original = bars_module.bars.tick
+  bars_module.bars.tick = lambda *a, **k: seen.append(a[3])
+  try:
+    progress.scan(lambda c, _: (c, None), 0, length=10, every=4, file=out)
+    hostcall.barrier()
+  finally:
+    bars_module.bars.tick = original
+  assert seen == [4, 8, 10]
+
+
+def test_fori_loop_static_and_traced_bounds():
+  out = io.StringIO()
+  body = lambda i, c: c + i
+  assert int(progress.fori_loop(2, 9, body, 0, file=out, desc="static")) == \
+      sum(range(2, 9))
+  traced = jax.jit(lambda n: progress.fori_loop(0, n, body, 0, file=out,
+                                                desc="traced"))
+  assert int(traced(6)) == 15
+  assert int(traced(4)) == 6
+  hostcall.barrier()
+  assert _final_counts(out, "static") == ["7/7"]
+  assert _final_counts(out, "traced") == ["6/6", "4/4"]
+
+
+def test_fori_loop_is_reverse_differentiable_with_static_bounds():
+  out = io.StringIO()
+  f = lambda x: progress.fori_loop(0, 5, lambda i, c: c * x, 1.0, file=out)
+  assert float(jax.grad(f)(2.0)) == pytest.approx(5 * 2.0 ** 4)
+
+
+def test_while_loop_counts_without_a_total():
+  out = io.StringIO()
+  run = jax.jit(lambda n: progress.while_loop(lambda c: c[0] < n,
+                                              lambda c: (c[0] + 1, c[1] * 2),
+                                              (0, 1), file=out, desc="wl"))
+  count, value = run(12)
+  assert (int(count), int(value)) == (12, 4096)
+  hostcall.barrier()
+  final = _renders(out, "wl")[-1]
+  assert re.match(r"wl: 12step \[", final), final
+
+
+def test_while_loop_pace_doubles_until_a_tenth_of_a_second(monkeypatch):
+  clock = [0.0]
+  monkeypatch.setattr(bars_module.time, "monotonic", lambda: clock[0])
+  bars = bars_module.Bars()
+  spec = progress_impl._spec("p", None, "step", None, io.StringIO(), False, {})
+  site = bars.site(spec)
+  bars.open(site, "dev", None)
+  paces = []
+  for _ in range(12):
+    clock[0] += 1e-3  # each chunk takes 1 ms, whatever its size
+    paces.append(bars.pace(site, "dev"))
+  # Start at one step; at most double each tick; settle near 0.1 s of steps.
+  assert paces[:4] == [1, 2, 4, 8]
+  assert all(b <= 2 * a for a, b in zip(paces, paces[1:]))
+  clock[0] += 1.0
+  slow = bars.pace(site, "dev")  # the last chunk took 1000x longer
+  assert slow < paces[-1]
+  bars.close_all()
+
+
+def test_while_loop_every_fixes_the_chunk():
+  seen = []
+  original = bars_module.bars.tick
+  bars_module.bars.tick = lambda *a, **k: seen.append(a[3])
+  try:
+    progress.while_loop(lambda c: c < 10, lambda c: c + 1, 0, every=3,
+                        file=io.StringIO())
+    hostcall.barrier()
+  finally:
+    bars_module.bars.tick = original
+  assert seen == [3, 6, 9, 10]
+
+
+def test_vmap_draws_one_bar_with_the_lanes():
+  out = io.StringIO()
+  f = lambda x: progress.scan(_step, x, jnp.arange(50.0), file=out,
+                              desc="batch")
+  carry, ys = jax.jit(jax.vmap(f))(jnp.arange(3.0))
+  np.testing.assert_allclose(ys, jax.vmap(
+      lambda x: jax.lax.scan(_step, x, jnp.arange(50.0))[1])(jnp.arange(3.0)),
+      rtol=1e-6)
+  hostcall.barrier()
+  assert _final_counts(out, "batch") == ["50/50"]
+  assert "lanes 3" in _renders(out, "batch")[-1]
+
+
+def test_vmap_of_while_with_batched_predicate_shows_running_lanes():
+  out = io.StringIO()
+  f = lambda n: progress.while_loop(lambda c: c < n, lambda c: c + 1, 0,
+                                    every=4, file=out, desc="lanes",
+                                    mininterval=0)
+  assert jax.vmap(f)(jnp.array([4, 8, 12])).tolist() == [4, 8, 12]
+  hostcall.barrier()
+  renders = " ".join(_renders(out, "lanes"))
+  # After 4 steps the first lane is done, after 8 the second, after 12 all.
+  assert "4step" in renders and "lanes 2/3" in renders
+  assert "8step" in renders and "lanes 1/3" in renders
+  assert re.search(r"lanes: 12step \[.*lanes 3\]$", _renders(out, "lanes")[-1])
+
+
+def test_nested_loops_draw_nested_bars():
+  out = io.StringIO()
+  opened = []
+  original = bars_module.Bars.open
+
+  def spy(self, site, device, total, context=None):
+    opened.append(self._by_site[site].desc)
+    return original(self, site, device, total, context)
+
+  bars_module.Bars.open = spy
+  try:
+    def outer(c, _):
+      c, _ = progress.scan(lambda d, _: (d + 1.0, None), c, length=4,
+                           file=out, desc="inner")
+      return c, None
+    carry, _ = jax.jit(lambda: progress.scan(outer, 0.0, length=3, file=out,
+                                             desc="outer"))()
+    hostcall.barrier()
+  finally:
+    bars_module.Bars.open = original
+  assert float(carry) == 12.0
+  assert opened == ["outer", "inner", "inner", "inner"]
+  specs = {s.desc: s for s in bars_module.bars._by_site}
+  assert (specs["outer"].position, specs["outer"].leave) == (0, True)
+  assert (specs["inner"].position, specs["inner"].leave) == (1, False)
+  assert _final_counts(out, "outer")[-1] == "3/3"
+  assert _open_bars() == []
+
+
+def test_bar_closes_stopped_when_the_loop_raises():
+  out = io.StringIO()
+
+  def fails_at_5(i):
+    if int(i) == 5:
+      raise ValueError("step 5 failed")
+    return i
+
+  def step(c, _):
+    c = hostcall.pure_callback(fails_at_5, jax.ShapeDtypeStruct((), jnp.int32),
+                               c)
+    return c + 1, None
+
+  with pytest.raises(Exception, match="step 5 failed"):
+    jax.jit(lambda: progress.scan(step, 0, length=10, every=1, file=out,
+                                  desc="boom"))()[0].block_until_ready()
+  assert _open_bars() == []
+  assert "stopped" in _renders(out, "boom")[-1]
+  assert "10/10" not in out.getvalue()
+  # The next run draws a fresh bar.
+  jax.jit(lambda: progress.scan(lambda c, _: (c, None), 0, length=3,
+                                file=out, desc="after"))()
+  hostcall.barrier()
+  assert _final_counts(out, "after") == ["3/3"]
+
+
+def test_track_decorates_a_body():
+  out = io.StringIO()
+
+  @progress.track(total=20, file=out, desc="tracked")
+  def step(c, x):
+    return c + x, None
+
+  run = jax.jit(lambda xs: jax.lax.scan(step, 0.0, xs)[0])
+  assert float(run(jnp.ones(20))) == 20.0
+  assert float(run(jnp.ones(20))) == 20.0
+  hostcall.barrier()
+  assert _final_counts(out, "tracked") == ["20/20", "20/20"]
+
+
+def test_track_inside_hostcall_scan_is_buffered():
+  out = io.StringIO()
+  seen = []
+  original = bars_module.bars.step
+  bars_module.bars.step = lambda site, dev, steps, *a: seen.append(steps)
+  try:
+    hostcall.scan(progress.track(lambda c, _: (c, None), file=out), 0,
+                  length=100, every=25)
+    hostcall.barrier()
+  finally:
+    bars_module.bars.step = original
+  assert seen == [25, 25, 25, 25]
+
+
+def test_track_without_total_counts_until_the_barrier():
+  out = io.StringIO()
+  body = progress.track(lambda c: c + 1, file=out, desc="count")
+  jax.lax.while_loop(lambda c: c < 9, body, 0)
+  hostcall.barrier()
+  assert re.match(r"count: 9step \[", _renders(out, "count")[-1])
+  assert _open_bars() == []
+
+
+def test_other_processes_draw_nothing_by_default():
+  bars = bars_module.Bars()
+  out = io.StringIO()
+  site = bars.site(progress_impl._spec("p1", 5, "step", None, out, False, {}))
+
+  class Remote:
+    process_index = 1
+  index = bars.open(site, "dev", 5, Remote())
+  bars.tick(site, index, "dev", 5)
+  bars.close(site, index, "dev", 5)
+  assert out.getvalue() == ""
+
+
+def test_bad_arguments_are_explained():
+  with pytest.raises(ValueError, match="every must be a positive int"):
+    progress.scan(_step, 0.0, jnp.ones(3), every=0)
+  with pytest.raises(ValueError, match="needs xs or length"):
+    progress.scan(_step, 0.0)
+  with pytest.raises(TypeError, match="must be callable"):
+    progress.track(3)
+  with pytest.raises(TypeError, match="must be hashable"):
+    progress.scan(_step, 0.0, jnp.ones(3), bar_format=["not", "hashable"])
