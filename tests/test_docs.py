@@ -16,13 +16,15 @@ SNIPPETS = [(doc.name, i, code) for doc in DOCS
 
 @pytest.mark.parametrize("name,index,code", SNIPPETS,
                          ids=[f"{n}#{i}" for n, i, _ in SNIPPETS])
-def test_snippet_runs(name, index, code):
+def test_snippet_runs(name, index, code, tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)  # snippets that log write runs/ here
   # Fails if the snippet raises, or if a callback it started raised.
   exec(compile(code, f"{name}#{index}", "exec"), {})
   hostcall.barrier()
 
 
-def test_readme_example_prints_what_it_says(capsys):
+def test_readme_example_prints_what_it_says(capsys, tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
   code = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(),
                     re.S)[0]
   exec(compile(code, "README.md#0", "exec"), {})

@@ -10,6 +10,7 @@ steps, written as one block.
 from __future__ import annotations
 
 import atexit
+import functools
 import itertools
 import math
 import os
@@ -92,9 +93,10 @@ class Run:
   A run starts its files afresh. Rows reach the files at every
   ``hostcall.barrier()``, ``run.flush()``, ``run.close()`` and at exit.
   Under ``vmap`` each member's values form their own row, with its
-  ``member`` index (row-major over nested vmaps); rows from several devices
-  (``shard_map``, ``pmap``) carry a ``device`` column. In a job of several
-  processes give each process its own run name.
+  ``member`` index (row-major over nested vmaps). Where JAX sees several
+  devices, rows carry the ``device`` id that logged them (under
+  ``shard_map`` and ``pmap`` each device logs its own values). In a job of
+  several processes give each process its own run name.
 
   Example:
     >>> import jax, jax.numpy as jnp, hostcall
@@ -105,9 +107,9 @@ class Run:
     ...   return w - 0.1 * jax.grad(lambda w: (w * x - 1.0) ** 2)(w), loss
     >>> _ = jax.jit(lambda w: jax.lax.scan(step, w, jnp.ones(3)))(0.0)
     >>> run.dataframe()
-       step  loss
-    0     0  1.00
-    1     1  0.64
+       step    loss
+    0     0  1.0000
+    1     1  0.6400
     2     2  0.4096
   """
 
@@ -120,7 +122,6 @@ class Run:
     self.dir = pathlib.Path(root) / name
     self.writers = [_writers.make(w, self.dir) for w in writers]
     self._next_step = 0
-    self._devices: set = set()
     self._queue: queue.SimpleQueue = queue.SimpleQueue()
     self._lock = threading.Lock()
     self._written = threading.Condition(self._lock)
@@ -219,12 +220,9 @@ class Run:
 
   def _device_column(self, context, rows: int) -> np.ndarray | None:
     device = getattr(context, "device", None)
-    if device is None:
+    if device is None or _single_device():
       return None
-    with self._lock:
-      self._devices.add(device.id)
-      several = len(self._devices) > 1
-    return np.full(rows, device.id) if several else None
+    return np.full(rows, device.id)
 
   def _put(self, block: _writers.Block) -> None:
     with self._lock:
@@ -256,6 +254,11 @@ class Run:
         writer.flush()
       except Exception as exc:  # noqa: BLE001
         host.errors.record(exc, traceback.format_exc())
+
+
+@functools.cache
+def _single_device() -> bool:
+  return jax.device_count() == 1
 
 
 def read(path: str | os.PathLike):

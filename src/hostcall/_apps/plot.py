@@ -27,7 +27,7 @@ def plot(run, out: str | os.PathLike | None = None, *,
     The path of the PNG written.
 
   One panel per metric; one line per vmap member (``member`` column) or
-  device, the mean in black when there are several.
+  device, and beyond eight of them their mean in black.
   """
   try:
     import matplotlib
@@ -57,18 +57,20 @@ def plot(run, out: str | os.PathLike | None = None, *,
       if name in record:
         key = (record.get("device"), record.get("member"))
         lines[key].append((record["step"], record[name]))
+    many = len(lines) > 8
     for key, points in sorted(lines.items(), key=lambda kv: str(kv[0])):
       points.sort()
-      ax.plot(*zip(*points), linewidth=1,
-              alpha=0.5 if len(lines) > 1 else 1.0)
-    if len(lines) > 1:
+      ax.plot(*zip(*points), linewidth=1, alpha=0.35 if many else 0.9,
+              label=None if many or len(lines) == 1 else _label(key))
+    if many:  # too many lines to tell apart: their mean tells the story
       by_step = collections.defaultdict(list)
       for points in lines.values():
         for step, value in points:
           by_step[step].append(value)
       steps = sorted(by_step)
       ax.plot(steps, [sum(by_step[s]) / len(by_step[s]) for s in steps],
-              color="black", linewidth=1.5, label="mean")
+              color="black", linewidth=1.5, label=f"mean of {len(lines)}")
+    if len(lines) > 1:
       ax.legend(loc="best", fontsize=8)
     values = [v for points in lines.values() for _, v in points
               if isinstance(v, (int, float)) and math.isfinite(v)]
@@ -86,6 +88,13 @@ def plot(run, out: str | os.PathLike | None = None, *,
   figure.savefig(out, dpi=100)
   plt.close(figure)
   return out
+
+
+def _label(key) -> str:
+  device, member = key
+  parts = ([] if device is None else [f"device {device}"]) + \
+      ([] if member is None else [f"member {member}"])
+  return ", ".join(parts)
 
 
 def _scalar_metrics(records) -> list[str]:

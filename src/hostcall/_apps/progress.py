@@ -287,7 +287,7 @@ def fori_loop(lower, upper, body_fun: Callable, init_val, *,
     >>> import io, jax, hostcall
     >>> out = io.StringIO()
     >>> hostcall.progress.fori_loop(0, 10, lambda i, c: c + i, 0, file=out)
-    Array(45, dtype=int32, weak_type=True)
+    Array(45, dtype=int32)
     >>> "10/10" in out.getvalue()
     True
   """

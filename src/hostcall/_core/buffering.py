@@ -183,7 +183,6 @@ def scan(f: Callable, init, xs=None, length: int | None = None,
     ...   hcb.id_print(c, what="c")
     ...   return c + 1, None
     >>> _ = jax.jit(lambda: hostcall.scan(step, 0, length=2, every=8))()
-    >>> hostcall.barrier()
     what: c
     0
     what: c

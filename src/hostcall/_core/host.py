@@ -171,7 +171,6 @@ def call_context() -> CallContext | None:
     >>> import jax, numpy as np, hostcall
     >>> jax.jit(lambda x: hostcall.debug_callback(
     ...     lambda v: print(hostcall.call_context().device), x))(1.0)
-    >>> hostcall.barrier()
     cpu:0
   """
   return getattr(_current, "context", None)

@@ -1,0 +1,87 @@
+"""Progress bars and metrics on 4 CPU devices: one bar, rows per device."""
+
+import io
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+import hostcall
+from hostcall import metrics, progress
+from hostcall._apps import bars as bars_module
+
+assert jax.device_count() == 4, "run with --xla_force_host_platform_device_count=4"
+
+
+def _bars_drawn(out: io.StringIO, desc: str) -> list[str]:
+  """The final render of each bar called ``desc`` (one per closed bar)."""
+  finals = []
+  for line in out.getvalue().split("\n"):
+    renders = [r for r in line.split("\r") if r.startswith(desc + ":")]
+    if renders:
+      finals.append(renders[-1])
+  return finals
+
+
+def _loop(out, desc):
+  def f(x):
+    return progress.scan(lambda c, _: (c + x, None), x * 0, length=40,
+                         file=out, desc=desc)[0]
+  return f
+
+
+def test_shard_map_draws_one_bar_for_four_devices():
+  out = io.StringIO()
+  mesh = Mesh(np.array(jax.devices()), ("d",))
+  f = jax.jit(jax.shard_map(_loop(out, "sharded"), mesh=mesh, in_specs=P("d"),
+                            out_specs=P("d")))
+  result = f(jnp.arange(4.0))
+  hostcall.barrier()
+  np.testing.assert_array_equal(result, 40 * np.arange(4.0))
+  assert "sharded" in out.getvalue()
+  (final,) = _bars_drawn(out, "sharded")
+  assert "40/40" in final
+  assert not [k for k, b in bars_module.bars._bars.items() if b.is_open]
+
+
+def test_pmap_draws_one_bar_per_call():
+  out = io.StringIO()
+  f = jax.pmap(_loop(out, "pmapped"))
+  for _ in range(2):
+    f(jnp.arange(4.0)[:, None])
+  hostcall.barrier()
+  finals = _bars_drawn(out, "pmapped")
+  assert len(finals) == 2 and all("40/40" in f for f in finals)
+
+
+def test_global_view_jit_draws_one_bar():
+  out = io.StringIO()
+  mesh = Mesh(np.array(jax.devices()), ("d",))
+  x = jax.device_put(jnp.arange(8.0), NamedSharding(mesh, P("d")))
+  jax.jit(_loop(out, "global"))(x)
+  hostcall.barrier()
+  (final,) = _bars_drawn(out, "global")
+  assert "40/40" in final
+
+
+def test_metrics_rows_carry_the_device_under_shard_map():
+  run = metrics.Run("devices", writers=["memory"])
+  mesh = Mesh(np.array(jax.devices()), ("d",))
+
+  def f(x):
+    def step(c, i):
+      run.log(i, value=c[0])
+      return c + 1.0, None
+    return jax.lax.scan(step, x, jnp.arange(3))[0]
+
+  jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("d"), out_specs=P("d")))(
+      jnp.arange(4.0) * 10)
+  records = run.records()
+  run.close()
+  by_device = {}
+  for r in records:
+    by_device.setdefault(r["device"], []).append((r["step"], r["value"]))
+  assert by_device == {d: [(s, 10.0 * d + s) for s in range(3)]
+                       for d in range(4)}
