@@ -74,7 +74,7 @@ def test_ticks_are_few_and_redraws_throttled(monkeypatch):
   ticks = []
   original = bars_module.bars.tick
   monkeypatch.setattr(bars_module.bars, "tick",
-                      lambda *a, **k: (ticks.append(a[3]), original(*a, **k)))
+                      lambda *a, **k: (ticks.append(a[2]), original(*a, **k)))
   out = io.StringIO()
   jax.jit(lambda: progress.scan(lambda c, _: (c + 1, None), 0, length=1000,
                                 file=out, desc="fast"))()
@@ -91,7 +91,7 @@ def test_every_sets_the_ticks():
   seen = []
   out = io.StringIO()
   original = bars_module.bars.tick
-  bars_module.bars.tick = lambda *a, **k: seen.append(a[3])
+  bars_module.bars.tick = lambda *a, **k: seen.append(a[2])
   try:
     progress.scan(lambda c, _: (c, None), 0, length=10, every=4, file=out)
     hostcall.barrier()
@@ -155,7 +155,7 @@ def test_while_loop_pace_doubles_until_a_tenth_of_a_second(monkeypatch):
 def test_while_loop_every_fixes_the_chunk():
   seen = []
   original = bars_module.bars.tick
-  bars_module.bars.tick = lambda *a, **k: seen.append(a[3])
+  bars_module.bars.tick = lambda *a, **k: seen.append(a[2])
   try:
     progress.while_loop(lambda c: c < 10, lambda c: c + 1, 0, every=3,
                         file=io.StringIO())
@@ -291,9 +291,9 @@ def test_other_processes_draw_nothing_by_default():
 
   class Remote:
     process_index = 1
-  index = bars.open(site, "dev", 5, Remote())
-  bars.tick(site, index, "dev", 5)
-  bars.close(site, index, "dev", 5)
+  bars.open(site, "dev", 5, Remote())
+  bars.tick(site, "dev", 5)
+  bars.close(site, "dev", 5)
   assert out.getvalue() == ""
 
 

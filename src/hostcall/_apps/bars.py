@@ -2,11 +2,13 @@
 
 Device code (``progress.py``) sends four kinds of events from the loop it
 wraps: *open* before the first step, *tick* with the step count after every
-chunk of steps, *pace* (a ``while_loop`` asking how many steps to run before
-its next tick) and *close* after the last step. Every device that runs the
-loop sends its own events; they are merged here into one bar per invocation.
-The k-th invocation of a loop on one device is the k-th invocation on every
-other device, so the bar of an invocation is keyed by ``(site, k)``.
+chunk of steps, *close* after the last step (all three asynchronous: they
+arrive in the order the device sent them) and *pace* (a ``while_loop``
+asking, synchronously, how many steps to run before its next tick). Every
+device that runs the loop sends its own events; they are merged here into
+one bar per invocation. The k-th invocation of a loop on one device is the
+k-th invocation on every other device, so the bar of an invocation is keyed
+by ``(site, k)``.
 """
 
 from __future__ import annotations
@@ -103,7 +105,7 @@ class Bars:
     self._invocations: collections.Counter = collections.Counter()
     # Bars stay findable after closing, for devices that open them late.
     self._bars: collections.OrderedDict = collections.OrderedDict()
-    self._tracked: dict[tuple, int] = {}  # (site, device) -> open invocation
+    self._current: dict[tuple, _Bar] = {}  # (site, device) -> its open bar
     self._paces: dict[tuple, tuple[float, int]] = {}
 
   def site(self, spec: BarSpec) -> int:
@@ -116,8 +118,9 @@ class Bars:
 
   def open(self, site: int, device, total: int | None, context=None) -> int:
     """Opens (or joins) the bar of this device's next invocation of the
-    loop; returns the invocation's number, which its later events carry."""
+    loop; returns the invocation's number."""
     with self._lock:
+      self._end(site, device, stopped=True)  # one that never closed
       spec = self._by_site[site]
       index = self._invocations[(site, device)]
       self._invocations[(site, device)] += 1
@@ -132,40 +135,39 @@ class Bars:
           self._bars.popitem(last=False)
       if bar.is_open:
         bar.counts[device] = 0
+        self._current[(site, device)] = bar
       return index
 
-  def tick(self, site: int, index: int, device, count: int,
-           lanes: int | None = None, running: int | None = None) -> None:
+  def tick(self, site: int, device, count: int, lanes: int | None = None,
+           running: int | None = None) -> None:
     with self._lock:
-      bar = self._open_bar(site, index, device)
+      bar = self._current.get((site, device))
       if bar is None:
-        return  # late (its invocation ended) or not drawn here
+        return  # not drawn here
       bar.counts[device] = max(count, bar.counts[device])
       bar.lanes = lanes
       if running is not None:
         bar.running[device] = running
       bar.show()
 
-  def close(self, site: int, index: int, device, count: int,
+  def close(self, site: int, device, count: int,
             lanes: int | None = None) -> None:
     with self._lock:
-      bar = self._open_bar(site, index, device)
+      bar = self._current.get((site, device))
       if bar is not None:
         bar.counts[device] = count
         bar.lanes = lanes
         bar.running.pop(device, None)
-        self._end(bar, device)
+        self._end(site, device)
 
   def step(self, site: int, device, steps: int, lanes: int | None,
            context=None) -> None:
     """``steps`` more steps of a loop whose body alone is decorated: the
     first opens a bar, reaching the spec's total closes it."""
     with self._lock:
-      index = self._tracked.get((site, device))
-      if index is None or self._open_bar(site, index, device) is None:
-        index = self._tracked[(site, device)] = self.open(
-            site, device, self._by_site[site].total, context)
-      bar = self._open_bar(site, index, device)
+      if (site, device) not in self._current:
+        self.open(site, device, self._by_site[site].total, context)
+      bar = self._current.get((site, device))
       if bar is None:
         return
       bar.counts[device] += steps
@@ -173,7 +175,7 @@ class Bars:
       bar.show()
       total = self._by_site[site].total
       if total is not None and bar.counts[device] >= total:
-        self._end(bar, device)
+        self._end(site, device)
 
   def pace(self, site: int, device) -> int:
     """How many steps a while_loop runs before its next tick: about
@@ -193,19 +195,13 @@ class Bars:
   def close_all(self, stopped: bool = False) -> None:
     """Closes every open bar (their loops ended without closing them)."""
     with self._lock:
-      for bar in list(self._bars.values()):
-        if bar.is_open:
-          for device in list(bar.counts):
-            self._end(bar, device, stopped=stopped)
+      for site, device in list(self._current):
+        self._end(site, device, stopped=stopped)
 
-  def _open_bar(self, site, index, device) -> _Bar | None:
-    bar = self._bars.get((site, index))
-    if bar is None or not bar.is_open or device not in bar.counts or \
-        device in bar.closed:
-      return None
-    return bar
-
-  def _end(self, bar: _Bar, device, stopped: bool = False) -> None:
+  def _end(self, site, device, stopped: bool = False) -> None:
+    bar = self._current.pop((site, device), None)
+    if bar is None or not bar.is_open:
+      return
     bar.closed.add(device)
     if bar.closed >= set(bar.counts):
       bar.show(refresh=True)
@@ -216,9 +212,18 @@ class Bars:
 
 
 bars = Bars()
-# A computation that fails never sends its loops' close events; neither does
-# one whose loop raised before a barrier.
-host.add_abort_hook(lambda: bars.close_all(stopped=True))
+
+
+def _computation_failed() -> None:
+  # Its loops will send no more events: deliver those already queued, then
+  # close what they opened.
+  from hostcall._core import asynchronous
+  asynchronous.delivery.drain(timeout=5.0)
+  bars.close_all(stopped=True)
+
+
+host.add_abort_hook(_computation_failed)
+# A loop whose computation failed elsewhere never closed its bar either.
 host.add_barrier_hook(bars.close_all)
 
 

@@ -34,6 +34,8 @@ _open_runs: list["Run"] = []
 class _LogTarget(host.HostTarget):
   """The host side of one ``Run.log`` call site."""
 
+  delivery = "async"  # the device never waits for the writers
+
   def __init__(self, run: "Run", names: tuple[str, ...], has_step: bool):
     super().__init__(("metrics", run.id, names, has_step))
     self.run, self.names, self.has_step = run, names, has_step
@@ -165,8 +167,8 @@ class Run:
         raise TypeError(f"step must be an integer (traced or not), got "
                         f"{step!r}; pass it first: run.log(step, loss=...)")
       operands.insert(0, jnp.asarray(step))
-    bind(operands, target=_LogTarget(self, names, step is not None),
-         identity=False, delivery="async")
+    target = _LogTarget(self, names, step is not None)
+    bind(operands, target=target, identity=False, delivery=target.delivery)
 
   def flush(self) -> None:
     """Waits for the computations running, then writes every row logged so

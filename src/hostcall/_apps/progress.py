@@ -1,13 +1,16 @@
 """Progress bars for compiled loops: the device side.
 
-``scan`` and ``fori_loop`` run as ``hostcall.scan`` chunks: one host call
-per chunk of ``every`` steps carries the step count, so the device makes
-about a hundred host calls per loop whatever its length. ``while_loop``
-cannot know its length: it runs chunks whose size the host chooses at each
-tick from the rate it measured (about ``bars.TICK_INTERVAL`` seconds of
-steps), so a slow loop ticks every step and a fast one every few thousand.
-``track`` decorates a body alone: one tick per step, buffered when the body
-runs inside ``hostcall.scan``. The host side is ``bars.py``.
+A wrapped loop sends *open* before its first step, a *tick* with the step
+count after each chunk of steps and *close* after its last step, all as
+asynchronous taps (the device copies a few numbers into hostcall's queue and
+goes on). ``scan`` and ``fori_loop`` run as ``hostcall.scan`` chunks of
+``every`` steps, so the device makes about a hundred host calls a loop
+whatever its length. ``while_loop`` cannot know its length: it runs chunks
+whose size the host chooses at each tick from the rate it measured (about
+``bars.TICK_INTERVAL`` seconds of steps), so a slow loop ticks every step
+and a fast one every few thousand. ``track`` decorates a body alone: one
+tick per step, buffered when the body runs inside ``hostcall.scan``. The
+host side is ``bars.py``.
 """
 
 from __future__ import annotations
@@ -45,25 +48,23 @@ class _Target(host.HostTarget):
 
 
 class _Open(_Target):
-  """Opens the bar of one invocation; returns its number for the ticks."""
+  """Opens the bar of one invocation: ``(count0, total)``, passed through
+  (the loop starts from ``count0``, so it waits for the open)."""
 
-  returns_results = True
   bufferable = False
 
   def __init__(self, site: int):
     super().__init__("open", site)
 
   def deliver(self, flat_args, context):
-    total = np.asarray(flat_args[0])
-    first = int(total.reshape(-1)[0]) if total.size else -1
-    index = _bars.bars.open(self.site, context.device,
-                            None if first < 0 else first, context)
-    return [np.full(total.shape, index, np.int32)]
+    total = int(np.asarray(flat_args[1]).reshape(-1)[0])
+    _bars.bars.open(self.site, context.device, None if total < 0 else total,
+                    context)
+    return ()
 
 
 class _Close(_Target):
-  """Closes an invocation's bar when its loop ends:
-  ``(index, count, witness)``."""
+  """Closes an invocation's bar when its loop ends: ``(count, witness)``."""
 
   bufferable = False
 
@@ -71,16 +72,13 @@ class _Close(_Target):
     super().__init__("close", site)
 
   def deliver(self, flat_args, context):
-    index, count, _ = flat_args
-    _bars.bars.close(self.site, int(np.asarray(index).reshape(-1)[0]),
-                     context.device, _bars.last_count(count),
-                     _bars.lanes_of(context))
+    _bars.bars.close(self.site, context.device,
+                     _bars.last_count(flat_args[0]), _bars.lanes_of(context))
     return ()
 
 
 class _Tick(_Target):
-  """The step count after a chunk, delivered asynchronously (the device does
-  not wait for the bar): ``(index, count, witness[, running])``."""
+  """The step count after a chunk: ``(count, witness[, running])``."""
 
   bufferable = False
 
@@ -88,16 +86,17 @@ class _Tick(_Target):
     super().__init__("tick", site)
 
   def deliver(self, flat_args, context):
-    index, count, _, *active = flat_args
+    count, _, *active = flat_args
     running = int(np.count_nonzero(active[0])) if active else None
-    _bars.bars.tick(self.site, int(np.asarray(index).reshape(-1)[0]),
-                    context.device, _bars.last_count(count),
+    _bars.bars.tick(self.site, context.device, _bars.last_count(count),
                     _bars.lanes_of(context), running)
     return ()
 
 
 class _Step(_Target):
   """One step of a decorated body (``track``)."""
+
+  delivery = "async"
 
   def __init__(self, site: int):
     super().__init__("step", site)
@@ -163,11 +162,18 @@ def _spec(desc, total, unit, leave, file, all_processes, options):
 _INDEX_AVAL = jax.core.ShapedArray((), jnp.int32)
 
 
+# The bar's events are asynchronous taps: the device copies a few numbers
+# into the queue and goes on; the consumer thread draws. They are unordered
+# for JAX: data dependencies order them (open -> loop -> close), and the
+# queue keeps the order in which the device sent them.
+
+
 def _open(site, total) -> jax.Array:
-  (index,) = bind([jnp.asarray(total, jnp.int32)], target=_Open(site),
-                  identity=False, result_avals=(_INDEX_AVAL,),
+  """Returns the loop's initial step count, which waits for the open."""
+  count, _ = bind([jnp.int32(0), jnp.asarray(total, jnp.int32)],
+                  target=_Open(site), identity=True, delivery="async",
                   mode="unordered")
-  return index
+  return count
 
 
 def _witness(tree) -> jax.Array:
@@ -183,18 +189,18 @@ def _witness(tree) -> jax.Array:
   return witness
 
 
-def _tick(site, index, count, results, *active):
+def _tick(site, count, results, *active):
   # Reading the chunk's results keeps the tick after the chunk's steps.
-  bind([index, count, _witness(results), *active], target=_Tick(site),
+  bind([count, _witness(results), *active], target=_Tick(site),
        identity=False, delivery="async", mode="unordered")
 
 
-def _close(site, index, count, results):
+def _close(site, count, results):
   # The runtime starts an operation when its input buffers are ready, and
   # XLA may know a loop's final step count without running it (an induction
   # variable): reading the loop's results makes the close wait for its end.
-  bind([index, count, _witness(results)], target=_Close(site),
-       identity=False, mode="unordered")
+  bind([count, _witness(results)], target=_Close(site), identity=False,
+       delivery="async", mode="unordered")
 
 
 def _check_every(every):
@@ -230,8 +236,10 @@ def scan(f: Callable, init, xs=None, length: int | None = None,
   One bar per call of the loop at run time, also under ``jit`` (not one per
   trace). Nested progress loops draw nested bars. Under ``vmap`` one bar
   counts the steps and shows the number of lanes; on several devices
-  (``shard_map``, ``pmap``) one bar follows the slowest device. The bar closes
-  when the loop ends, and, marked ``stopped``, when its computation fails.
+  (``shard_map``, ``pmap``) one bar follows the slowest device. The device
+  never waits for the bar: hostcall's delivery thread draws it, and closes
+  it a moment after the loop ends (``hostcall.barrier()`` waits for that),
+  or, marked ``stopped``, when its computation fails.
 
   Example:
     >>> import io, jax, hostcall
@@ -240,7 +248,7 @@ def scan(f: Callable, init, xs=None, length: int | None = None,
     ...     lambda c, _: (c * x, None), 1.0, length=500, file=out)[0])
     >>> float(run(1.001))
     1.6483...
-    >>> "500/500" in out.getvalue()
+    >>> hostcall.barrier(); "500/500" in out.getvalue()
     True
   """
   _check_every(every)
@@ -260,12 +268,12 @@ def scan(f: Callable, init, xs=None, length: int | None = None,
       carry, y = f(carry, x)
     return (count + 1, carry), y
 
-  index = _open(site, steps)
+  count = _open(site, steps)
   (count, carry), ys = buffering.scan(
-      body, (jnp.int32(0), init), xs, length=length, reverse=reverse,
+      body, (count, init), xs, length=length, reverse=reverse,
       unroll=unroll, every=every,
-      after_chunk=lambda state, ys: _tick(site, index, state[0], (state, ys)))
-  _close(site, index, count, (carry, ys))
+      after_chunk=lambda state, ys: _tick(site, state[0], (state, ys)))
+  _close(site, count, (carry, ys))
   return carry, ys
 
 
@@ -288,7 +296,7 @@ def fori_loop(lower, upper, body_fun: Callable, init_val, *,
     >>> out = io.StringIO()
     >>> hostcall.progress.fori_loop(0, 10, lambda i, c: c + i, 0, file=out)
     Array(45, dtype=int32)
-    >>> "10/10" in out.getvalue()
+    >>> hostcall.barrier(); "10/10" in out.getvalue()
     True
   """
   options = dict(desc=desc, every=every, unit=unit, leave=leave, file=file,
@@ -340,7 +348,7 @@ def while_loop(cond_fun: Callable, body_fun: Callable, init_val, *,
     >>> hostcall.progress.while_loop(lambda c: c < 100, lambda c: c + 1, 0,
     ...                              file=out)
     Array(100, dtype=int32, weak_type=True)
-    >>> "100step" in out.getvalue().replace(" ", "")
+    >>> hostcall.barrier(); "100step" in out.getvalue().replace(" ", "")
     True
   """
   return _while(cond_fun, body_fun, init_val, -1, desc=desc, every=every,
@@ -374,13 +382,13 @@ def _while(cond_fun, body_fun, init_val, total, *, desc, every, unit, leave,
 
     _, count, carry = lax.while_loop(inner_cond, inner_body,
                                      (jnp.int32(0), count, carry))
-    _tick(site, index, count, carry, cond_fun(carry))
+    _tick(site, count, carry, cond_fun(carry))
     return count, carry
 
-  index = _open(site, total)
+  count = _open(site, total)
   count, carry = lax.while_loop(lambda state: cond_fun(state[1]), chunk,
-                                (jnp.int32(0), init_val))
-  _close(site, index, count, carry)
+                                (count, init_val))
+  _close(site, count, carry)
   return carry
 
 
@@ -432,7 +440,7 @@ def track(body: Callable | None = None, *, total: int | None = None,
     with _nested():
       out = body(*args, **kwargs)
     bind([_lanes_probe(out)], target=step, identity=False,
-         mode="unordered")
+         delivery=step.delivery, mode="unordered")
     return out
 
   return tracked

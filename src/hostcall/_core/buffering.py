@@ -88,6 +88,8 @@ class FlushTarget(host.HostTarget):
                       tuple(len(s) for _, s in taps), every))
     self.targets = [t for t, _ in taps]
     self.sizes = [len(s) for _, s in taps]
+    if all(t.delivery == "async" for t in self.targets):
+      self.delivery = "async"
     self._cache: dict = {}
 
   def __repr__(self):
@@ -216,7 +218,8 @@ def scan(f: Callable, init, xs=None, length: int | None = None,
     carry, (ys, taps) = lax.scan(body, carry, xs_part, length=n,
                                  unroll=unroll)
     if taps:
-      bind(list(taps) + [jnp.int32(n)], target=targets[0], identity=False)
+      bind(list(taps) + [jnp.int32(n)], target=targets[0], identity=False,
+           delivery=targets[0].delivery)
     if after_chunk is not None:
       after_chunk(carry, ys)
     return carry, ys

@@ -65,6 +65,12 @@ class HostTarget:
   #: Taps whose host side must see each event as it happens say no.
   bufferable: bool = True
 
+  #: The delivery this target asks for (``"async"`` for taps whose host side
+  #: never needs to run before the computation goes on); None: the mode in
+  #: force when traced. ``hostcall.scan`` flushes asynchronously when every
+  #: tap of its chunk asks for it.
+  delivery: str | None = None
+
   #: A vectorised host side: ``deliver_steps(stacked_args, steps, context)``
   #: receives K buffered steps at once (the step axis after the batch axes)
   #: instead of one ``deliver`` call per step; None when it has none.
