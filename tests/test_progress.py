@@ -36,6 +36,22 @@ def _open_bars():
   return [key for key, bar in bars_module.bars._bars.items() if bar.is_open]
 
 
+@pytest.fixture
+def calls(monkeypatch):
+  """``calls(method, position)``: records that argument of every call of the
+  host bar registry's ``method`` (the calls still go through)."""
+  def spy(method, position):
+    seen = []
+    original = getattr(bars_module.bars, method)
+
+    def record(*args, **kwargs):
+      seen.append(args[position])
+      return original(*args, **kwargs)
+    monkeypatch.setattr(bars_module.bars, method, record)
+    return seen
+  return spy
+
+
 def _step(carry, x):
   carry = carry * 0.5 + x
   return carry, carry * 2
@@ -70,11 +86,8 @@ def test_reverse_length_and_unroll_as_lax_scan():
   assert _final_counts(out, "len") == ["7/7"]
 
 
-def test_ticks_are_few_and_redraws_throttled(monkeypatch):
-  ticks = []
-  original = bars_module.bars.tick
-  monkeypatch.setattr(bars_module.bars, "tick",
-                      lambda *a, **k: (ticks.append(a[2]), original(*a, **k)))
+def test_ticks_are_few_and_redraws_throttled(calls):
+  ticks = calls("tick", 2)
   out = io.StringIO()
   jax.jit(lambda: progress.scan(lambda c, _: (c + 1, None), 0, length=1000,
                                 file=out, desc="fast"))()
@@ -87,16 +100,11 @@ def test_ticks_are_few_and_redraws_throttled(monkeypatch):
   assert _final_counts(out, "fast") == ["1000/1000"]
 
 
-def test_every_sets_the_ticks():
-  seen = []
-  out = io.StringIO()
-  original = bars_module.bars.tick
-  bars_module.bars.tick = lambda *a, **k: seen.append(a[2])
-  try:
-    progress.scan(lambda c, _: (c, None), 0, length=10, every=4, file=out)
-    hostcall.barrier()
-  finally:
-    bars_module.bars.tick = original
+def test_every_sets_the_ticks(calls):
+  seen = calls("tick", 2)
+  progress.scan(lambda c, _: (c, None), 0, length=10, every=4,
+                file=io.StringIO())
+  hostcall.barrier()
   assert seen == [4, 8, 10]
 
 
@@ -152,16 +160,11 @@ def test_while_loop_pace_doubles_until_a_tenth_of_a_second(monkeypatch):
   bars.close_all()
 
 
-def test_while_loop_every_fixes_the_chunk():
-  seen = []
-  original = bars_module.bars.tick
-  bars_module.bars.tick = lambda *a, **k: seen.append(a[2])
-  try:
-    progress.while_loop(lambda c: c < 10, lambda c: c + 1, 0, every=3,
-                        file=io.StringIO())
-    hostcall.barrier()
-  finally:
-    bars_module.bars.tick = original
+def test_while_loop_every_fixes_the_chunk(calls):
+  seen = calls("tick", 2)
+  progress.while_loop(lambda c: c < 10, lambda c: c + 1, 0, every=3,
+                      file=io.StringIO())
+  hostcall.barrier()
   assert seen == [3, 6, 9, 10]
 
 
@@ -261,18 +264,14 @@ def test_track_decorates_a_body():
   assert _final_counts(out, "tracked") == ["20/20", "20/20"]
 
 
-def test_track_inside_hostcall_scan_is_buffered():
+def test_track_inside_hostcall_scan_is_buffered(calls):
+  seen = calls("step", 2)
   out = io.StringIO()
-  seen = []
-  original = bars_module.bars.step
-  bars_module.bars.step = lambda site, dev, steps, *a: seen.append(steps)
-  try:
-    hostcall.scan(progress.track(lambda c, _: (c, None), file=out), 0,
-                  length=100, every=25)
-    hostcall.barrier()
-  finally:
-    bars_module.bars.step = original
+  hostcall.scan(progress.track(lambda c, _: (c, None), total=100, file=out,
+                               desc="buffered"), 0, length=100, every=25)
+  hostcall.barrier()
   assert seen == [25, 25, 25, 25]
+  assert _final_counts(out, "buffered") == ["100/100"]
 
 
 def test_track_without_total_counts_until_the_barrier():

@@ -252,14 +252,9 @@ def scan(f: Callable, init, xs=None, length: int | None = None,
     True
   """
   _check_every(every)
-  leaves = jax.tree_util.tree_leaves(xs)
-  steps = length if length is not None else (
-      leaves[0].shape[0] if leaves else None)
-  if steps is None:
-    raise ValueError("hostcall.progress.scan needs xs or length to know its "
-                     "number of steps, as jax.lax.scan does.")
-  site = _bars.bars.site(_spec(desc, int(steps), unit, leave, file,
-                               all_processes, tqdm_options))
+  steps = buffering.scan_length(xs, length, "hostcall.progress.scan")
+  site = _bars.bars.site(_spec(desc, steps, unit, leave, file, all_processes,
+                               tqdm_options))
   every = every or max(1, -(-int(steps) // 100))
 
   def body(state, x):

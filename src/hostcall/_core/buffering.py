@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 import threading
 import traceback
 from typing import Any, Callable
@@ -134,10 +135,8 @@ class FlushTarget(host.HostTarget):
             target.deliver([b[index] for b in tap_buffers], tap_context)
           except KeyboardInterrupt:
             raise
-          except BaseException as exc:  # noqa: BLE001 - later taps still run
-            logger.error("hostcall: buffered tap %r raised", target,
-                         exc_info=True)
-            host.errors.record(exc, traceback.format_exc())
+          except BaseException:  # noqa: BLE001 - later taps still run
+            _failed(target)
       # Vectorised taps take the chunk in one call, after the others.
       steps = lead + (slice(0, n), Ellipsis)
       for target, tap_buffers, tap_context in vectorised:
@@ -147,13 +146,28 @@ class FlushTarget(host.HostTarget):
                                tap_context)
         except KeyboardInterrupt:
           raise
-        except BaseException as exc:  # noqa: BLE001 - later taps still run
-          logger.error("hostcall: buffered tap %r raised", target,
-                       exc_info=True)
-          host.errors.record(exc, traceback.format_exc())
+        except BaseException:  # noqa: BLE001 - later taps still run
+          _failed(target)
     finally:
       host._current.context = outer
     return ()
+
+
+def _failed(target) -> None:
+  """Reports the exception being handled, for the next barrier."""
+  logger.error("hostcall: buffered tap %r raised", target, exc_info=True)
+  host.errors.record(sys.exc_info()[1], traceback.format_exc())
+
+
+def scan_length(xs, length: int | None, who: str) -> int:
+  """The number of steps of a scan over ``xs`` (or of ``length``)."""
+  leaves = jax.tree_util.tree_leaves(xs)
+  steps = length if length is not None else (
+      leaves[0].shape[0] if leaves else None)
+  if steps is None:
+    raise ValueError(f"{who} needs xs or length to know its number of steps, "
+                     "as jax.lax.scan does.")
+  return int(steps)
 
 
 def scan(f: Callable, init, xs=None, length: int | None = None,
@@ -192,12 +206,7 @@ def scan(f: Callable, init, xs=None, length: int | None = None,
   """
   if not isinstance(every, int) or isinstance(every, bool) or every < 1:
     raise ValueError(f"every must be a positive int, got {every!r}")
-  xs_leaves = jax.tree_util.tree_leaves(xs)
-  steps = length if length is not None else (
-      xs_leaves[0].shape[0] if xs_leaves else None)
-  if steps is None:
-    raise ValueError("hostcall.scan needs xs or length to know its number "
-                     "of steps, as jax.lax.scan does.")
+  steps = scan_length(xs, length, "hostcall.scan")
   if reverse:
     flip = lambda t: jax.tree_util.tree_map(lambda a: jnp.flip(a, 0), t)
     carry, ys = scan(f, init, flip(xs), length=length, unroll=unroll,
