@@ -1,6 +1,7 @@
 """hostcall.metrics: values logged from compiled code, read back from each writer."""
 
 import json
+import os
 import pathlib
 import struct
 import subprocess
@@ -226,7 +227,8 @@ def test_bad_input_is_explained(tmp_path):
     metrics.read(tmp_path / "missing")
 
 
-def test_rows_are_written_at_exit(tmp_path):
+@pytest.mark.parametrize("native", ["1", "0"], ids=["native", "python"])
+def test_rows_are_written_at_exit(tmp_path, native):
   script = textwrap.dedent(f"""
       import jax, jax.numpy as jnp, hostcall
       run = hostcall.metrics.Run("exit", root={str(tmp_path)!r})
@@ -237,7 +239,8 @@ def test_rows_are_written_at_exit(tmp_path):
       # no barrier, no close: the exit hook writes the rows
   """)
   proc = subprocess.run([sys.executable, "-c", script], capture_output=True,
-                        text=True, timeout=120)
+                        text=True, timeout=120,
+                        env=dict(os.environ, HOSTCALL_NATIVE=native))
   assert proc.returncode == 0, proc.stderr
   rows = metrics.read(tmp_path / "exit").to_dict("records")
   assert rows == [{"step": i, "value": 2 * i} for i in range(1000)]

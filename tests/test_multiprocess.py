@@ -60,6 +60,20 @@ def test_each_process_receives_its_local_devices_data(tmp_path):
   assert global_calls == [{"kind": "global", "process": 0, "device": 0,
                            "device_process": 0,
                            "value": [float(i) for i in range(8)]}]
+  # One progress bar, drawn by process 0 for its two devices; none in 1.
+  with open(tmp_path / "bar-0.txt", newline="") as f:  # keep the \r
+    bar = f.read()
+  assert bar.count("\n") == 1 and "| 12/12 [" in bar.split("\r")[-1]
+  assert (tmp_path / "bar-1.txt").read_text() == ""
+  # Each process's run holds its own devices' rows, each with its device.
+  for process in range(2):
+    rows = [json.loads(line) for line in
+            (tmp_path / f"run-{process}" / "metrics.jsonl").read_text()
+            .splitlines()]
+    assert len({r["device"] for r in rows}) == 2
+    assert sorted((r["step"], r["value"]) for r in rows) == sorted(
+        (i, 2.0 * d + i) for d in (2 * process, 2 * process + 1)
+        for i in range(12))
 
 
 def test_a_failing_peer_is_reported_and_nothing_hangs(tmp_path):

@@ -2,7 +2,9 @@
 
 Usage: worker.py PORT NUM_PROCESSES PROCESS_ID OUT_DIR [INIT_TIMEOUT_S]
 Writes OUT_DIR/taps-<process>.jsonl: one line per host call this process's
-host functions received (the per-process file pattern of docs/distributed.md).
+host functions received (the per-process file pattern of docs/distributed.md),
+OUT_DIR/bar-<process>.txt (a progress bar's stream) and OUT_DIR/run-<process>/
+(metrics).
 """
 
 import json
@@ -78,7 +80,25 @@ for shard in result.addressable_shards:
 jax.jit(lambda v: hostcall.io_callback(record("global", returns=False),
                                        None, v))(x)
 
+# A progress bar (drawn by process 0 only) and metrics (a run per process).
+bar = open(os.path.join(out_dir, f"bar-{jax.process_index()}.txt"), "w")
+run = hostcall.metrics.Run(f"run-{jax.process_index()}", root=out_dir)
+
+
+def looped(v):
+  def step(c, i):
+    run.log(i, value=c[0])
+    return c + 1.0, None
+  return hostcall.progress.scan(step, v, np.arange(12), file=bar,
+                                desc="loop")[0]
+
+
+jax.jit(jax.shard_map(looped, mesh=mesh, in_specs=P("i"),
+                      out_specs=P("i")))(x)
+
 hostcall.barrier()
+run.close()
+bar.close()
 out.close()
 print(f"process {jax.process_index()} done", flush=True)
 jax.distributed.shutdown()
