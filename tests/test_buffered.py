@@ -163,3 +163,12 @@ def test_constant_operands_are_buffered_too(recorder):
   jax.jit(lambda: hostcall.scan(step, 0, length=3, every=2))()
   hostcall.barrier()
   assert recorder.values == [(0, 7.0), (1, 7.0), (2, 7.0)]
+
+
+def test_zero_steps_as_lax_scan(recorder):
+  step = lambda c, x: (hcb.id_tap(recorder, c) + x, c * 2)
+  carry, ys = hostcall.scan(step, 1.0, jnp.zeros(0), every=4)
+  want = jax.lax.scan(step, 1.0, jnp.zeros(0))
+  assert float(carry) == float(want[0]) and ys.shape == want[1].shape == (0,)
+  hcb.barrier_wait()
+  assert recorder.calls == []

@@ -86,6 +86,21 @@ def test_reverse_length_and_unroll_as_lax_scan():
   assert _final_counts(out, "len") == ["7/7"]
 
 
+def test_empty_loops_draw_empty_bars():
+  out = io.StringIO()
+  carry, ys = progress.scan(_step, 1.0, jnp.zeros(0), file=out, desc="none")
+  assert float(carry) == 1.0 and ys.shape == (0,)
+  assert int(progress.fori_loop(5, 2, lambda i, c: c + i, 7, file=out,
+                                desc="backwards")) == 7
+  assert int(progress.while_loop(lambda c: c < 0, lambda c: c + 1, 3,
+                                 file=out, desc="never")) == 3
+  hostcall.barrier()
+  # tqdm draws a total of 0 as a counter.
+  for desc in ("none", "backwards", "never"):
+    assert re.match(desc + r": 0step \[", _renders(out, desc)[-1])
+  assert _open_bars() == []
+
+
 def test_ticks_are_few_and_redraws_throttled(calls):
   ticks = calls("tick", 2)
   out = io.StringIO()

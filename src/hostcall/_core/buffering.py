@@ -207,6 +207,8 @@ def scan(f: Callable, init, xs=None, length: int | None = None,
   if not isinstance(every, int) or isinstance(every, bool) or every < 1:
     raise ValueError(f"every must be a positive int, got {every!r}")
   steps = scan_length(xs, length, "hostcall.scan")
+  if steps == 0:  # no step, no tap: lax.scan gives the empty outputs
+    return lax.scan(f, init, xs, length=0)
   if reverse:
     flip = lambda t: jax.tree_util.tree_map(lambda a: jnp.flip(a, 0), t)
     carry, ys = scan(f, init, flip(xs), length=length, unroll=unroll,
