@@ -283,6 +283,8 @@ def _flush_all() -> None:
 
 
 def _close_all_at_exit() -> None:
+  if not _open_runs:
+    return
   from hostcall._core import asynchronous
   try:
     asynchronous.wait()
