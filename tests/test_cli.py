@@ -111,8 +111,19 @@ def test_benchmark_smoke_run(tmp_path):
 
 
 def test_make_bench_script_is_the_same_benchmark(tmp_path):
+  # An explicit --out wins over the script's benchmarks/results, which a
+  # smoke run must not overwrite.
   proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "run.py"),
-                         "--smoke"], capture_output=True, text=True,
-                        timeout=300, cwd=tmp_path)
+                         "--smoke", "--out", str(tmp_path)],
+                        capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
-  assert "results: " + str(ROOT / "benchmarks" / "results") in proc.stdout
+  assert "7. progress bar (hostcall.progress.scan)" in proc.stdout
+  assert f"results: {tmp_path / 'latest.json'}" in proc.stdout
+
+
+def test_console_script_is_installed():
+  script = pathlib.Path(sys.executable).parent / "hostcall"
+  proc = subprocess.run([str(script), "info"], capture_output=True, text=True,
+                        timeout=120)
+  assert proc.returncode == 0, proc.stderr
+  assert proc.stdout.startswith("hostcall 0.1.0\n")
