@@ -213,8 +213,8 @@ _abort_hooks: list[Callable[[], None]] = []
 
 
 def add_barrier_hook(hook: Callable[[], None]) -> None:
-  """Runs ``hook()`` at the end of every barrier (and at exit): where
-  applications built on taps flush what they buffered."""
+  """Runs ``hook()`` at the end of every barrier: where applications built
+  on taps flush what they buffered."""
   _barrier_hooks.append(hook)
 
 
