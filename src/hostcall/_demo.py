@@ -97,10 +97,10 @@ def fit(start_wavenumber, r, y, batches, run: metrics.Run, *,
     run.log(i, loss=loss, grad_norm=grad_norm, learning_rate=rate, **params)
     return (t, params, m, v), loss
 
-  (_, params, _, _), losses = progress.scan(
+  (_, params, _, _), _ = progress.scan(
       step, (jnp.int32(0), params, zeros, zeros), batches, desc="fit",
       unit="step")
-  return params, loss_fn(params, r, y), losses
+  return params, loss_fn(params, r, y)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
   fit_all = jax.jit(jax.vmap(
       lambda k: fit(k, r, y, batches, run)))
   began = time.perf_counter()
-  params, final_loss, losses = fit_all(starts)
+  params, final_loss = fit_all(starts)
   final_loss.block_until_ready()
   elapsed = time.perf_counter() - began
   run.close()  # waits for the last rows and writes them

@@ -59,7 +59,6 @@ class _Bar:
   """One invocation's bar, merged over the devices that run the loop."""
 
   def __init__(self, spec: BarSpec, total: int | None):
-    self.spec = spec
     self.counts: dict[Any, int] = {}
     self.closed: set = set()
     self.lanes: int | None = None
@@ -116,9 +115,9 @@ class Bars:
         self._by_site.append(spec)
       return self._specs[spec]
 
-  def open(self, site: int, device, total: int | None, context=None) -> int:
+  def open(self, site: int, device, total: int | None, context=None) -> None:
     """Opens (or joins) the bar of this device's next invocation of the
-    loop; returns the invocation's number."""
+    loop."""
     with self._lock:
       self._end(site, device, stopped=True)  # one that never closed
       spec = self._by_site[site]
@@ -127,7 +126,7 @@ class Bars:
       self._paces[(site, device)] = (time.monotonic(), 0)
       if (context is not None and not spec.all_processes and
           context.process_index != 0):
-        return index  # drawn by process 0 only
+        return  # drawn by process 0 only
       bar = self._bars.get((site, index))
       if bar is None:
         bar = self._bars[(site, index)] = _Bar(spec, total)
@@ -136,7 +135,6 @@ class Bars:
       if bar.is_open:
         bar.counts[device] = 0
         self._current[(site, device)] = bar
-      return index
 
   def tick(self, site: int, device, count: int, lanes: int | None = None,
            running: int | None = None) -> None:
@@ -234,9 +232,7 @@ def lanes_of(context) -> int | None:
   return math.prod(size for _, size in context.batch_levels)
 
 
-def last_count(counts: np.ndarray, step_axis: int | None = None) -> int:
+def last_count(counts: np.ndarray) -> int:
   """The step count a tick reports: the furthest lane's."""
   counts = np.asarray(counts)
-  if step_axis is not None:
-    counts = np.take(counts, -1, axis=step_axis)
   return int(counts.max()) if counts.size else 0

@@ -34,11 +34,14 @@ _local = threading.local()
 
 
 class _Target(host.HostTarget):
-  """A bar's host side; under vmap it sees every lane at once."""
+  """A bar's host side for one loop (``site``); under vmap it sees every
+  lane at once. Subclasses name their ``kind`` of event."""
 
-  def __init__(self, kind: str, site: int):
-    super().__init__(("progress", kind, site))
-    self.kind, self.site = kind, site
+  kind: str
+
+  def __init__(self, site: int):
+    super().__init__(("progress", self.kind, site))
+    self.site = site
 
   def vmap_method(self) -> str:
     return "broadcast_all"
@@ -51,10 +54,8 @@ class _Open(_Target):
   """Opens the bar of one invocation: ``(count0, total)``, passed through
   (the loop starts from ``count0``, so it waits for the open)."""
 
+  kind = "open"
   bufferable = False
-
-  def __init__(self, site: int):
-    super().__init__("open", site)
 
   def deliver(self, flat_args, context):
     total = int(np.asarray(flat_args[1]).reshape(-1)[0])
@@ -66,10 +67,8 @@ class _Open(_Target):
 class _Close(_Target):
   """Closes an invocation's bar when its loop ends: ``(count, witness)``."""
 
+  kind = "close"
   bufferable = False
-
-  def __init__(self, site: int):
-    super().__init__("close", site)
 
   def deliver(self, flat_args, context):
     _bars.bars.close(self.site, context.device,
@@ -80,10 +79,8 @@ class _Close(_Target):
 class _Tick(_Target):
   """The step count after a chunk: ``(count, witness[, running])``."""
 
+  kind = "tick"
   bufferable = False
-
-  def __init__(self, site: int):
-    super().__init__("tick", site)
 
   def deliver(self, flat_args, context):
     count, _, *active = flat_args
@@ -96,10 +93,8 @@ class _Tick(_Target):
 class _Step(_Target):
   """One step of a decorated body (``track``)."""
 
+  kind = "step"
   delivery = "async"
-
-  def __init__(self, site: int):
-    super().__init__("step", site)
 
   def deliver(self, flat_args, context):
     _bars.bars.step(self.site, context.device, 1, _bars.lanes_of(context),
@@ -114,11 +109,9 @@ class _Step(_Target):
 class _Pace(_Target):
   """A while_loop's question: how many steps until the next tick?"""
 
+  kind = "pace"
   returns_results = True
   bufferable = False
-
-  def __init__(self, site: int):
-    super().__init__("pace", site)
 
   def deliver(self, flat_args, context):
     return [np.int32(_bars.bars.pace(self.site, context.device))]
@@ -159,7 +152,7 @@ def _spec(desc, total, unit, leave, file, all_processes, options):
       all_processes=bool(all_processes), options=items)
 
 
-_INDEX_AVAL = jax.core.ShapedArray((), jnp.int32)
+_STEPS_AVAL = jax.core.ShapedArray((), jnp.int32)
 
 
 # The bar's events are asynchronous taps: the device copies a few numbers
@@ -362,7 +355,7 @@ def _while(cond_fun, body_fun, init_val, total, *, desc, every, unit, leave,
     count, carry = state
     if every is None:
       (steps,) = bind([], target=pace, identity=False,
-                      result_avals=(_INDEX_AVAL,), mode="unordered")
+                      result_avals=(_STEPS_AVAL,), mode="unordered")
     else:
       steps = every
 
