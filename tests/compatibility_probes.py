@@ -116,6 +116,20 @@ def _probe_vmap_while(call):
   return bool(np.all(np.asarray(out) >= np.array([5.0, 20.0])))
 
 
+def _probe_vmap_cond(call):
+  def f(p, x):
+    return lax.cond(p, lambda x: _use(call(x), x), lambda x: x, x)
+  out = jax.vmap(f)(jnp.array([True, False]), jnp.array([2.0, 2.0]))
+  _finish()
+  return float(np.asarray(out)[1]) == 2.0
+
+
+def _probe_checkpoint_grad(call):
+  out = jax.grad(jax.checkpoint(lambda x: _use(call(x), x)))(2.0)
+  _finish()
+  return float(out) in (3.0, 8.0)
+
+
 def _probe_unused(call):
   CALLS.clear()
   jax.jit(lambda x: (call(x), x + 1)[1])(2.0)
@@ -130,6 +144,8 @@ COLUMNS = {
     "scan": _probe_scan,
     "while_loop": _probe_while,
     "vmap of while (batched predicate)": _probe_vmap_while,
+    "vmap of cond (batched predicate)": _probe_vmap_cond,
+    "grad of checkpoint": _probe_checkpoint_grad,
     "runs when unused": _probe_unused,
 }
 

@@ -92,11 +92,13 @@ def test_call_inside_scan_in_order():
 
 
 @pytest.mark.parametrize("returned,match", [
-    (lambda x: x[:1], r"returned float32\[1\] for result leaf #0, but "
-                      r"the declared result shape is float32\[2\]"),
-    (lambda x: x.astype(np.int32), r"returned int32\[2\] .* declared "
-                                   r"result shape is float32\[2\]"),
-    (lambda x: (x, x), r"pytree structure .* but the declared result shape"),
+    (lambda x: x[:1], r"should have returned a result with abstract values "
+                      r"float32\[2\] but returned float32\[1\]"),
+    (lambda x: x.astype(np.int32), r"should have returned a result with "
+                                   r"abstract values float32\[2\] but "
+                                   r"returned int32\[2\]"),
+    (lambda x: (x, x), r"should have returned a result with pytree "
+                       r"PyTreeDef\(\*\) but returned PyTreeDef\(\(\*, \*\)\)"),
 ])
 def test_wrong_result_fails_the_call_with_expected_and_received(returned,
                                                                 match):

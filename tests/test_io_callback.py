@@ -25,11 +25,12 @@ class Log:
     return args[0] if self.returns and args else None
 
 
-def test_no_result_declared_but_value_returned_is_an_error_like_jax():
+@pytest.mark.parametrize("impl", [jax_io_callback, hostcall.io_callback])
+def test_no_result_declared_but_value_returned_is_an_error_like_jax(impl):
   log = Log(returns=True)
-  with pytest.raises(Exception, match="declared result shape is "
-                     "PyTreeDef\\(None\\)"):
-    jax.jit(lambda x: hostcall.io_callback(log, None, x))(1.0)
+  with pytest.raises(Exception, match="Mismatched number of outputs from "
+                     "callback. Expected: 0, Actual: 1"):
+    jax.jit(lambda x: impl(log, None, x))(1.0)
     hostcall.barrier()
 
 
@@ -148,20 +149,39 @@ def test_io_callback_with_rules_runs_once_per_primal_evaluation():
   assert log.calls == [(0.5,)]
 
 
-def test_while_loop_with_batched_predicate():
+@pytest.mark.parametrize("impl", [jax_io_callback, hostcall.io_callback])
+def test_while_loop_with_batched_predicate_is_refused_like_jax(impl):
+  # Lanes that have finished would still run an impure callback: refused,
+  # with JAX's error, before anything runs.
   log = Log(returns=False)
 
   def f(limit):
     def body(c):
-      hostcall.io_callback(log, None, c)
+      impl(log, None, c)
       return c + 1
     return lax.while_loop(lambda c: c < limit, body, 0)
 
-  out = jax.vmap(f)(jnp.array([1, 3]))
+  with pytest.raises(Exception, match="Unordered IO effects not supported in "
+                     "while_loop with batched predicate"):
+    jax.vmap(f)(jnp.array([1, 3]))
+  assert log.calls == []
+
+
+@pytest.mark.parametrize("impl", [jax_io_callback, hostcall.io_callback])
+def test_while_loop_with_unbatched_predicate_under_vmap_runs_like_jax(impl):
+  log = Log(returns=False)
+
+  def f(x):
+    def body(c):
+      i, v = c
+      impl(log, None, v)
+      return i + 1, v + 1
+    return lax.while_loop(lambda c: c[0] < 2, body, (0, x))[1]
+
+  out = jax.vmap(f)(jnp.array([10, 20]))
   hostcall.barrier()
-  np.testing.assert_array_equal(out, [1, 3])
-  # Every iteration calls for each lane, lanes already finished included.
-  assert log.calls == [(0,), (0,), (1,), (1,), (1,), (2,)]
+  np.testing.assert_array_equal(out, [12, 22])
+  assert log.calls == [(10,), (20,), (11,), (21,)]
 
 
 def test_rng_state_advances_between_runs(capsys):

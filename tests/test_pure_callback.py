@@ -92,8 +92,9 @@ def test_grad_error_names_the_options():
 
 def test_wrong_result_shape_fails_the_call_clearly():
   f = jax.jit(lambda x: hostcall.pure_callback(lambda v: v[:1], _like(x), x))
-  with pytest.raises(Exception, match=r"returned float32\[1\].*declared result "
-                     r"shape is float32\[3\]"):
+  with pytest.raises(Exception, match=r"Incorrect output shape for return "
+                     r"value #0: Expected: \(3,\), Actual: \(1,\)\. .*returned "
+                     r"float32\[1\], but the declared result is float32\[3\]"):
     f(jnp.ones(3)).block_until_ready()
 
 

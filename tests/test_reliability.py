@@ -67,7 +67,7 @@ def test_tap_failure_is_logged_later_taps_run_barrier_raises(delivery, caplog):
   with pytest.raises(hcb.CallbackException, match="Boom: host function "
                      "failed on purpose") as info:
     hostcall.barrier()
-  assert "(5 since the last barrier)" in str(info.value)
+  assert "5 tap function call(s) raised since the last barrier" in str(info.value)
   assert seen == [0, 1, 2, 3, 4]
   assert "host function failed on purpose" in caplog.text
   hostcall.barrier()  # reported once
@@ -113,10 +113,15 @@ def test_non_callables_are_rejected_by_every_entry_point(bad):
 def test_result_shape_that_is_not_a_shape_description():
   for fn in (lambda: hostcall.pure_callback(lambda v: v, "f32[3]", 1.0),
              lambda: hostcall.io_callback(lambda v: v, [object()], 1.0),
-             lambda: hcb.call(lambda v: v, 1.0, result_shape={"a": "x"})):
-    with pytest.raises(ValueError, match="must be either numeric scalars, or "
-                       "must have 'shape' and 'dtype'"):
+             lambda: hostcall.pure_callback(lambda v: v, 3.0, 1.0)):
+    with pytest.raises(ValueError, match="must have 'shape' and 'dtype' "
+                       "attributes"):
       fn()
+  # The legacy call's words, and its numeric scalars.
+  with pytest.raises(ValueError, match="must be either numeric scalars, or "
+                     "must have 'shape' and 'dtype'"):
+    hcb.call(lambda v: v, 1.0, result_shape={"a": "x"})
+  assert float(hcb.call(lambda v: v * 2, 1.0, result_shape=1.0)) == 2.0
 
 
 def test_string_argument_is_rejected_with_the_fix():
@@ -128,8 +133,9 @@ def test_string_argument_is_rejected_with_the_fix():
 def test_unsafe_scalar_conversion_is_an_error_naming_both():
   f = jax.jit(lambda x: hostcall.pure_callback(lambda v: 1.5, jax.ShapeDtypeStruct(
       (), jnp.int32), x))
-  with pytest.raises(Exception, match=r"returned float32\[\].*declared "
-                     r"result shape is int32\[\]"):
+  with pytest.raises(Exception, match=r"Incorrect output dtype for return "
+                     r"value #0: Expected: int32, Actual: float64.*would change "
+                     r"their value"):
     f(1).block_until_ready()
 
 

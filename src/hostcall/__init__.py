@@ -33,6 +33,8 @@ from hostcall._core import (CallbackException, CallContext, barrier,
                             delivery, set_delivery)
 from hostcall._core.asynchronous import queue_stats, set_queue_capacity
 from hostcall._core.buffering import scan
+from hostcall._core.errors import (HostFunctionError, original_error,
+                                   original_errors)
 from hostcall._core.host import call_context
 from hostcall._flavours.debug import debug_callback, debug_print
 from hostcall._flavours.derivatives import HostFunction, fd_step
@@ -45,6 +47,7 @@ __all__ = [
     "CallContext",
     "CallbackException",
     "HostFunction",
+    "HostFunctionError",
     "__version__",
     "barrier",
     "call_context",
@@ -58,6 +61,8 @@ __all__ = [
     "host_callback",
     "io_callback",
     "metrics",
+    "original_error",
+    "original_errors",
     "progress",
     "pure_callback",
     "scan",

@@ -14,7 +14,11 @@ from jax._src import callback as _callback
 from jax._src import core as _core
 from jax._src import dispatch as _dispatch
 from jax._src import effects as _effects
+from jax._src import config as _config
+from jax._src import named_sharding as _named_sharding
 from jax._src import sharding_impls as _sharding_impls
+from jax._src.lib import xla_client as _xc
+from jax._src.interpreters import batching as _batching
 from jax._src.interpreters import mlir as _mlir
 from jax._src.interpreters import partial_eval as _pe
 
@@ -34,8 +38,40 @@ callback_op_sharding = _callback._callback_op_sharding
 set_sharding = _mlir.set_sharding
 
 
+def replicated(ctx, value, aval):
+  """``value`` annotated as replicated on every device of a global view.
+
+  A callback's result lives on the one device that made the call; without
+  this, XLA leaves it there (a "maximal" array that reads as zeros from any
+  other device and that later computations refuse).
+  """
+  if _config.use_shardy_partitioner.value:
+    sharding = _named_sharding.SdyArray(
+        mesh_shape=None, dim_shardings=tuple(
+            _named_sharding.SdyDim(axes=(), is_open=True)
+            for _ in range(aval.ndim)))
+  else:
+    sharding = _xc.HloSharding.replicate().to_proto()
+  return _mlir.wrap_with_sharding_op(ctx, value, aval, sharding)
+
+
 #: The token aval, compared by identity when lowering custom calls.
 abstract_token = _core.abstract_token
+
+#: ``batch_jaxpr_axes(closed_jaxpr, axis_data, in_axes, out_axes_dest)``:
+#: a jaxpr batched as a batching rule's operands are (``axis_data`` is the
+#: rule's own), outputs moved to ``out_axes_dest``; returns ``(jaxpr, _)``.
+def batch_jaxpr_axes(closed_jaxpr, axis_data, in_axes, out_axes_dest):
+  return _batching.batch_jaxpr_axes(closed_jaxpr, axis_data, in_axes,
+                                    out_axes_dest)[0]
+
+
+#: ``jax.experimental.io_callback``'s effects (unordered, ordered). JAX's
+#: rules for io callbacks test for these very objects: vmap of ``cond`` and of
+#: a ``while_loop`` with a batched predicate refuse them, ``checkpoint``'s
+#: partial evaluation and ``custom_jvp`` do not allow them.
+IO_EFFECT = _callback._IOEffect
+ORDERED_IO_EFFECT = _callback._OrderedIOEffect
 
 
 def register_effect(effect_type: type, *, ordered: bool) -> None:

@@ -63,6 +63,7 @@ def main() -> int:
   try:
     hcb.barrier_wait()
   except hcb.CallbackException as exc:
+    cause = exc.__cause__
     print("barrier_wait raised CallbackException:",
-          str(exc).strip().splitlines()[-1])
+          f"{type(cause).__name__}: {cause}")
   return 0

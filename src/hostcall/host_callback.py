@@ -30,6 +30,7 @@ Example:
 
 from __future__ import annotations
 
+import enum
 import functools
 import inspect
 import sys
@@ -46,6 +47,7 @@ from hostcall._core.host import (CallContext, check_callable, check_operands,
 
 __all__ = [
     "CallbackException",
+    "CallbackFlavor",
     "TapFunctionException",
     "barrier_wait",
     "call",
@@ -57,10 +59,23 @@ __all__ = [
 #: The legacy module's older name for ``CallbackException``.
 TapFunctionException = CallbackException
 
-# Keyword arguments that old code and the tutorials pass and that change
-# nothing here: transforms are always given to the tap function, and there is
-# one callback implementation.
-_ACCEPTED_NO_OP_KWARGS = frozenset({"tap_with_transform", "callback_flavor"})
+
+
+class CallbackFlavor(enum.Enum):
+  """The last legacy releases' choice of JAX callback under the hood.
+
+  Accepted by ``id_tap``, ``id_print`` and ``call`` (``callback_flavor=``) for
+  old code; hostcall has one implementation, so it changes nothing.
+  """
+
+  IO_CALLBACK = 1
+  PURE = 2
+  DEBUG = 3
+
+
+# Keyword arguments that tutorials pass and that change nothing here:
+# transforms are always given to the tap function.
+_ACCEPTED_NO_OP_KWARGS = frozenset({"tap_with_transform"})
 
 
 class _Tap(HostTarget):
@@ -105,14 +120,15 @@ class _Call(HostTarget):
     kwargs = {"device": context.device} if self.with_device else {}
     result = self.fn(*args, **kwargs)
     return results.check_results(
-        result, self.result_tree, self.result_avals,
-        f"host_callback.call: the host function {self.name!r}")
+        result, self.result_tree, self.result_avals, repr(self.name),
+        legacy=True)
 
   def vmap_method(self) -> str:
     raise NotImplementedError(
-        f"vmap of a host call that returns results ({self!r}) is not "
-        "supported by host_callback.call, as in the legacy module: call the "
-        "host function on the whole batch yourself, or use "
+        "batching rules are implemented only for id_tap, not for call. "
+        f"hostcall: vmap of a host call that returns results ({self!r}) is "
+        "not supported by host_callback.call, as in the legacy module: call "
+        "the host function on the whole batch yourself, or use "
         "hostcall.pure_callback with a vmap_method.")
 
   @property
@@ -121,6 +137,10 @@ class _Call(HostTarget):
 
   def __repr__(self):
     return f"call({self.name!r})"
+
+  @property
+  def label(self) -> str:
+    return f"host_callback.call of {self.name!r}"
 
 
 def _unpack_tuple_arg(fn, arg, with_device: bool) -> bool:
@@ -150,7 +170,8 @@ def _unpack_tuple_arg(fn, arg, with_device: bool) -> bool:
 
 
 def id_tap(tap_func: Callable, arg, *, result=None, tap_with_device=False,
-           device_index=0, delivery: str | None = None, **kwargs):
+           device_index=0, callback_flavor=CallbackFlavor.IO_CALLBACK,
+           delivery: str | None = None, **kwargs):
   """Identity on ``arg`` that calls ``tap_func`` on the host with its value.
 
   Arguments:
@@ -165,10 +186,12 @@ def id_tap(tap_func: Callable, arg, *, result=None, tap_with_device=False,
     tap_with_device: pass the calling device to ``tap_func`` as ``device=``.
     device_index: under ``jit`` over several devices, the device (index in
       the computation's device assignment) that makes the one call.
+    callback_flavor: accepted for old code (``CallbackFlavor``); changes
+      nothing.
     delivery: hostcall's extra: ``"sync"`` or ``"async"`` (see
       ``hostcall.set_delivery``); None: the mode in force.
-    **kwargs: ``tap_with_transform`` and ``callback_flavor`` are accepted for
-      old code and change nothing; anything else raises ``TypeError``.
+    **kwargs: ``tap_with_transform`` (from tutorials) is accepted and changes
+      nothing; anything else raises ``TypeError``, as in the legacy module.
 
   Returns:
     ``arg``, or ``result`` if given.
@@ -180,6 +203,7 @@ def id_tap(tap_func: Callable, arg, *, result=None, tap_with_device=False,
     got 3.0
     Array(6., dtype=float32, weak_type=True)
   """
+  del callback_flavor
   unknown = set(kwargs) - _ACCEPTED_NO_OP_KWARGS
   if unknown:
     raise TypeError(
@@ -214,8 +238,9 @@ def _print_tap(arg, transforms, *, device=None, output_stream=None,
 
 
 def id_print(arg, *, result=None, tap_with_device=False, device_index=0,
-             output_stream=None, threshold=None, delivery: str | None = None,
-             **kwargs):
+             output_stream=None, threshold=None,
+             callback_flavor=CallbackFlavor.IO_CALLBACK,
+             delivery: str | None = None, **kwargs):
   """Like ``id_tap`` with a tap function that prints ``arg`` on the host.
 
   Prints first the keyword arguments sorted by key (``what: ...``), with
@@ -225,11 +250,12 @@ def id_print(arg, *, result=None, tap_with_device=False, device_index=0,
 
   Arguments:
     arg: the pytree to print; it is also returned (unless ``result``).
-    result, tap_with_device, device_index, delivery: as for ``id_tap``.
+    result, tap_with_device, device_index, callback_flavor, delivery: as
+      for ``id_tap``.
     output_stream: an object with ``write(str)``; ``sys.stdout`` if None.
     threshold: passed to ``numpy.array2string``.
-    **kwargs: printed before the value (``tap_with_transform`` and
-      ``callback_flavor`` excepted, for old code).
+    **kwargs: printed before the value (``tap_with_transform`` excepted, for
+      old code).
 
   Returns:
     ``arg``, or ``result`` if given.
@@ -241,6 +267,7 @@ def id_print(arg, *, result=None, tap_with_device=False, device_index=0,
     what: y
     [0. 1. 2.]
   """
+  del callback_flavor
   for name in _ACCEPTED_NO_OP_KWARGS:
     kwargs.pop(name, None)
   printer = functools.partial(_print_tap, output_stream=output_stream,
@@ -250,7 +277,8 @@ def id_print(arg, *, result=None, tap_with_device=False, device_index=0,
 
 
 def call(callback_func: Callable, arg, *, result_shape=None,
-         call_with_device=False, device_index=0, result_shape_dtypes=None):
+         call_with_device=False, device_index=0,
+         callback_flavor=CallbackFlavor.IO_CALLBACK, result_shape_dtypes=None):
   """Calls ``callback_func`` on the host and returns its result to the device.
 
   Arguments:
@@ -266,6 +294,7 @@ def call(callback_func: Callable, arg, *, result_shape=None,
       ``None`` or ``()`` when there is none.
     call_with_device: pass the calling device to ``callback_func``.
     device_index: under ``jit`` over several devices, which device calls.
+    callback_flavor: accepted for old code; changes nothing.
     result_shape_dtypes: a synonym of ``result_shape``.
 
   Returns:
@@ -280,6 +309,7 @@ def call(callback_func: Callable, arg, *, result_shape=None,
     ...     result_shape=jax.ShapeDtypeStruct((2,), m.dtype)))(jnp.eye(2))
     Array([1., 1.], dtype=float32)
   """
+  del callback_flavor
   if result_shape_dtypes is not None:
     if result_shape is not None:
       raise TypeError("call: pass result_shape or result_shape_dtypes (a "
@@ -288,8 +318,8 @@ def call(callback_func: Callable, arg, *, result_shape=None,
   check_callable(callback_func, "call's callback_func")
   flat, in_tree = jax.tree_util.tree_flatten(arg)
   check_operands(flat, "call")
-  result_tree, result_avals = results.avals_from_shapes(result_shape,
-                                                       "result_shape")
+  result_tree, result_avals = results.avals_from_shapes(
+      result_shape, "result_shape", legacy=True)
   unpack = _unpack_tuple_arg(callback_func, arg, bool(call_with_device))
   target = _Call(callback_func, in_tree, result_tree, result_avals,
                  bool(call_with_device), unpack)

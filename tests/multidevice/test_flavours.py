@@ -83,16 +83,25 @@ def test_sharding_argument_chooses_the_calling_device():
   assert [d for d, _ in log] == [2, 0]
 
 
-def test_results_from_another_device_of_a_global_view_are_refused():
-  # jax.pure_callback returns zeros there; hostcall says why instead.
-  target = jax.sharding.SingleDeviceSharding(jax.devices()[2])
-  with pytest.raises(NotImplementedError, match="XLA returns zeros"):
-    jax.jit(lambda x: hostcall.pure_callback(lambda v: v, _like(x), x,
-                                             sharding=target))(_x())
-  out = jax.jit(lambda x: hostcall.pure_callback(
-      lambda v: v, _like(x), x,
-      sharding=jax.sharding.SingleDeviceSharding(jax.devices()[0])))(_x())
-  np.testing.assert_array_equal(out, np.arange(8.0))
+@pytest.mark.parametrize("device", [0, 2])
+def test_results_from_any_device_of_a_global_view_are_right(device):
+  # jax.pure_callback's raw result there reads as zeros (and a later
+  # computation refuses it); hostcall's is replicated and usable.
+  calls = []
+
+  def host(v):
+    calls.append(hostcall.call_context().device.id)
+    return v * 10 + 1
+
+  target = jax.sharding.SingleDeviceSharding(jax.devices()[device])
+  for impl in (hostcall.pure_callback,
+               lambda *a, **k: hostcall.io_callback(*a, ordered=True, **k)):
+    out = jax.jit(lambda x: impl(host, _like(x), x, sharding=target))(_x())
+    expected = np.arange(8.0) * 10 + 1
+    np.testing.assert_array_equal(np.asarray(out), expected)
+    np.testing.assert_array_equal(jax.jit(lambda y: y + 1)(out), expected + 1)
+    np.testing.assert_array_equal(out + _x(), expected + np.arange(8.0))
+  assert calls == [device, device]
 
 
 def test_results_return_to_the_calling_device_under_shard_map():

@@ -11,6 +11,8 @@ from typing import Any, Callable, Sequence
 import jax
 import numpy as np
 
+from hostcall._core import errors as _errors
+
 logger = logging.getLogger("hostcall")
 
 
@@ -71,6 +73,11 @@ class HostTarget:
   #: tap of its chunk asks for it.
   delivery: str | None = None
 
+  #: How ``jax.checkpoint`` treats the call: ``"tap"`` (runs again where its
+  #: inputs are rematerialised, as the legacy module documented) or
+  #: ``"debug"`` (exactly as ``jax.debug.callback`` under every policy).
+  remat: str = "tap"
+
   #: A vectorised host side: ``deliver_steps(stacked_args, steps, context)``
   #: receives K buffered steps at once (the step axis after the batch axes)
   #: instead of one ``deliver`` call per step; None when it has none.
@@ -125,6 +132,11 @@ class HostTarget:
 
   def __repr__(self):
     return f"{type(self).__name__}({self.key[0]!r})"
+
+  @property
+  def label(self) -> str:
+    """How logs and errors name this call site (``hostcall.pure_callback``)."""
+    return repr(self)
 
 
 class _ErrorLog:
@@ -233,25 +245,34 @@ def run_hooks(hooks: list) -> None:
 
 
 def _deliver(target, flat_args, context) -> tuple:
-  if target.returns_results:
-    try:
-      return tuple(target.deliver(flat_args, context))
-    except BaseException as exc:
-      logger.error("hostcall: host function %r raised %s: %s", target,
-                   type(exc).__name__, exc)
-      run_hooks(_abort_hooks)
-      raise
+  failure = None
   try:
-    target.deliver(flat_args, context)
-  except KeyboardInterrupt:
-    run_hooks(_abort_hooks)
-    raise  # Ctrl-C stops the computation; it is no tap failure to postpone
+    out = target.deliver(flat_args, context)
+    return tuple(out) if target.returns_results else ()
+  except (KeyboardInterrupt, SystemExit) as exc:
+    # Ctrl-C, or sys.exit() from a signal handler, stops the computation:
+    # it is no tap failure to postpone.
+    failure = _stop_computation(target, exc)
   except BaseException as exc:  # noqa: BLE001 - a tap must never kill the run
-    formatted = traceback.format_exc()
-    logger.error("hostcall: tap function %r raised; the next barrier will "
-                 "raise CallbackException.\n%s", target, formatted)
-    errors.record(exc, formatted)
+    if target.returns_results:
+      failure = _stop_computation(target, exc)
+    else:
+      formatted = _errors.format_safely(exc)
+      logger.error("hostcall: tap function %r raised; the next barrier will "
+                   "raise CallbackException.\n%s", target, formatted)
+      errors.record(exc, formatted)
+  if failure is not None:
+    # Raised outside the handler, so that no unprintable original rides
+    # along as the context of its stand-in.
+    raise failure
   return ()
+
+
+def _stop_computation(target, exc: BaseException) -> BaseException:
+  """Logs ``exc`` and returns what to raise into the runtime for it."""
+  _errors.log_failure(target.label, exc)
+  run_hooks(_abort_hooks)
+  return _errors.for_runtime(exc, target.label)
 
 
 def barrier(logging_name: str | None = None) -> None:
@@ -287,8 +308,9 @@ def barrier(logging_name: str | None = None) -> None:
   if failure is not None:
     exc, formatted, count = failure
     raise CallbackException(
-        f"There were exceptions during callback processing ({count} since the "
-        f"last barrier). Last one was: {formatted}") from exc
+        "There were exceptions during callback processing. Last one was: "
+        f"{formatted}\n(hostcall: {count} tap function call(s) raised since "
+        "the last barrier; each was logged when it happened.)") from exc
 
 
 def check_callable(fn: Callable, what: str) -> None:

@@ -10,8 +10,9 @@ One equation calls one host function. Its parameters:
 * ``result_avals``: the shapes and dtypes the host returns (calls only);
 * ``mode``: ``"ordered"`` (sequenced with every other ordered hostcall: JAX
   threads a token through the program for it), ``"unordered"`` (never
-  elided, free to move) or ``"pure"`` (no effect: may be elided, duplicated
-  or reordered like any pure operation);
+  elided, free to move), ``"pure"`` (no effect: may be elided, duplicated
+  or reordered like any pure operation), or ``"io"`` / ``"io_ordered"``
+  (JAX's own io_callback effects, with every rule JAX attaches to them);
 * ``device_index``: under a global (``jit``) view of several devices, which
   device of the computation makes the call;
 * ``delivery``: ``"sync"`` (the host function runs inside the computation,
@@ -38,7 +39,8 @@ from jax.interpreters import ad, batching, mlir
 from jax.interpreters import partial_eval as pe
 
 from hostcall import _jax_private
-from hostcall._core import asynchronous, batched_ad, buffering, host, modes
+from hostcall._core import (asynchronous, batched_ad, buffering,
+                            control_flow, host, modes)
 
 hostcall_p = jex_core.Primitive("hostcall")
 hostcall_p.multiple_results = True
@@ -88,7 +90,14 @@ def bind(flat_args: Sequence, *, target: host.HostTarget, identity: bool,
       device_index=device_index, sharding=sharding, delivery=delivery)
 
 
-_EFFECTS = {"ordered": ORDERED, "unordered": UNORDERED, "pure": None}
+# io callbacks carry JAX's own IO effects, so that every rule JAX applies to
+# its io_callback (refused in a vmap of cond or of a while with a batched
+# predicate, under checkpoint's partial evaluation, inside custom_jvp) and
+# its ordering with JAX's ordered io callbacks apply to them unchanged.
+_EFFECTS = {"ordered": ORDERED, "unordered": UNORDERED, "pure": None,
+            "io": _jax_private.IO_EFFECT,
+            "io_ordered": _jax_private.ORDERED_IO_EFFECT}
+_ORDERED_MODES = ("ordered", "io_ordered")
 
 
 def _abstract_eval(*avals, identity, result_avals, mode, **_):
@@ -158,6 +167,11 @@ def _leading(x, dim, size, method):
 
 
 def _jvp_rule(primals, tangents, *, identity, target, transforms, **params):
+  moving = any(type(t) is not ad.Zero for t in tangents)
+  if moving and not identity and not target.has_derivatives():
+    # Refused before the host function runs, as JAX refuses; a call whose
+    # results are constants goes on.
+    target.check_differentiable()
   outs = hostcall_p.bind(*primals, identity=identity, target=target,
                          transforms=transforms, **params)
   if identity:
@@ -165,9 +179,9 @@ def _jvp_rule(primals, tangents, *, identity, target, transforms, **params):
     # through as through the identity.
     return outs, list(tangents)
   out_tangents = None
-  if any(type(t) is not ad.Zero for t in tangents):
+  if moving and target.has_derivatives():
     levels = batched_ad.batch_levels(transforms)
-    if levels and target.has_derivatives():
+    if levels:
       if target.vmap_method() == "expand_dims":
         raise NotImplementedError(
             f"differentiating {target!r} after vmap with "
@@ -178,15 +192,23 @@ def _jvp_rule(primals, tangents, *, identity, target, transforms, **params):
                                            list(tangents))
     else:
       out_tangents = target.jvp(primals, tangents)
-    if out_tangents is None:
-      target.check_differentiable()  # raises unless results are constants
   if out_tangents is None:
     out_tangents = [ad.Zero(jax.typeof(o).to_tangent_aval()) for o in outs]
   return outs, list(out_tangents)
 
 
-def _transpose_rule(cts, *args, target, transforms, **params):
-  del params
+def _transpose_rule(cts, *args, target, transforms, identity, **params):
+  if identity:
+    # A tap is linear in what it taps (it is the identity): under reverse
+    # mode, a tap of tangents becomes a tap of their cotangents, told so by
+    # a "transpose" entry, as in the legacy module.
+    cts = [batched_ad.instantiate(c) if type(c) is ad.Zero else c
+           for c in cts]
+    outs = hostcall_p.bind(*cts, target=target, identity=True,
+                           transforms=transforms + (("transpose",),),
+                           **params)
+    return [o if ad.is_undefined_primal(a) else None
+            for o, a in zip(outs, args)]
   levels = batched_ad.batch_levels(transforms)
   if levels:
     return batched_ad.lifted_transpose(target.transpose, levels, list(cts),
@@ -199,6 +221,8 @@ def _remat_rule(saveable, unks_in, inst_in, eqn):
   # pass and runs again where the backward pass rematerialises its inputs, as
   # the legacy host_callback documented. Outside checkpoint every value is
   # saveable and the tap runs once.
+  if eqn.params["target"].remat == "debug":
+    return _debug_remat_rule(saveable, unks_in, inst_in, eqn)
   n_out = len(eqn.outvars)
   residuals = [v for v, inst in zip(eqn.invars, inst_in)
                if isinstance(v, jex_core.Var) and not inst]
@@ -208,6 +232,18 @@ def _remat_rule(saveable, unks_in, inst_in, eqn):
   if not _jax_private.is_recompute_policy(policy):
     return eqn, None, [False] * n_out, [False] * n_out, []
   return eqn, eqn, [False] * n_out, [True] * n_out, residuals
+
+
+def _debug_remat_rule(saveable, unks_in, inst_in, eqn):
+  # jax.debug.callback's rule, so that debug callbacks run exactly as often
+  # as JAX's under every checkpoint policy: staged in the backward pass too
+  # unless the policy saves them and not all their inputs are available.
+  if any(unks_in):
+    residuals = [v for v, inst in zip(eqn.invars, inst_in) if not inst]
+    return None, eqn, [], [], residuals
+  if saveable(eqn.primitive, *[v.aval for v in eqn.invars], **eqn.params):
+    return (eqn, eqn, [], [], []) if all(inst_in) else (eqn, None, [], [], [])
+  return eqn, eqn, [], [], []
 
 
 def _device_resolver(ctx, device_index: int):
@@ -241,15 +277,6 @@ def _lowering(ctx, *args, target, transforms, identity, result_avals, mode,
     # Global view of several devices: one call, made by the chosen device.
     chosen = sharding or jax.sharding.SingleDeviceSharding(devices)
     devices = next(iter(chosen.device_set))
-    if result_avals and devices != axis_context.device_assignment[0]:
-      # XLA returns zeros from a callback placed on any other device of a
-      # global view (jax.pure_callback does the same, silently).
-      raise NotImplementedError(
-          f"{target!r} returns results and was placed on {devices}, which "
-          "is not the first device of the computation "
-          f"({axis_context.device_assignment[0]}): XLA returns zeros from "
-          "there. Leave sharding= / device_index= at their defaults, or call "
-          "per device inside jax.shard_map.")
   operands, operand_avals = list(args), list(ctx.avals_in)
   if partition is not None:
     # One call per device: the device is told by its partition id.
@@ -261,7 +288,7 @@ def _lowering(ctx, *args, target, transforms, identity, result_avals, mode,
   op_sharding = _jax_private.callback_op_sharding(
       axis_context, chosen, result_avals)
   effect = _EFFECTS[mode]
-  ordered = mode == "ordered"
+  ordered = mode in _ORDERED_MODES
   token = ctx.tokens_in.get(effect) if ordered else None
   if delivery == "async":
     token = _lower_enqueue(ctx, target, contexts, token, operands,
@@ -273,6 +300,9 @@ def _lowering(ctx, *args, target, transforms, identity, result_avals, mode,
                                         op_sharding, effect)
   if ordered:
     ctx.set_tokens_out(mlir.TokenSet({effect: token}))
+  if chosen is not None:
+    results = [_jax_private.replicated(ctx, r, a)
+               for r, a in zip(results, result_avals)]
   return list(args) if identity else list(results)
 
 
@@ -338,3 +368,4 @@ ad.primitive_jvps[hostcall_p] = _jvp_rule
 ad.primitive_transposes[hostcall_p] = _transpose_rule
 pe.partial_eval_jaxpr_custom_rules[hostcall_p] = _remat_rule
 mlir.register_lowering(hostcall_p, _lowering, cacheable=False)
+control_flow.install((OrderedHostEffect, UnorderedHostEffect))

@@ -61,6 +61,8 @@ class CallbackTarget(host.HostTarget):
                       spec.result_tree, spec.result_avals, spec.vmap_method,
                       spec.jvp_error is None))
     self.spec = spec
+    if spec.flavour in ("debug_callback", "debug_print"):
+      self.remat = "debug"
 
   @property
   def name(self) -> str:
@@ -68,6 +70,10 @@ class CallbackTarget(host.HostTarget):
 
   def __repr__(self):
     return f"{self.spec.flavour}({self.name!r})"
+
+  @property
+  def label(self) -> str:
+    return f"hostcall.{self.spec.flavour}"
 
   def vmap_method(self) -> str:
     if self.spec.vmap_method is None:
@@ -81,6 +87,20 @@ class CallbackTarget(host.HostTarget):
     if self.spec.derivatives is None:
       return None
     return self.spec.derivatives.jvp(primals, tangents)
+
+  def transpose(self, cts, args):
+    del cts
+    if self.spec.flavour == "io_callback":
+      raise ValueError("IO callbacks do not support transpose.")
+    if self.spec.flavour == "pure_callback":
+      raise ValueError(
+          "Pure callbacks do not support transpose. Please use "
+          "`jax.custom_vjp` to use callbacks while taking gradients. "
+          "hostcall: or pass vjp= (a host derivative rule) to "
+          "hostcall.pure_callback.")
+    # A debug callback of a linear value contributes no cotangent, and JAX
+    # does not call it in the transposed program either.
+    return [None] * len(args)
 
   def check_differentiable(self) -> None:
     # With no floating result there is no tangent to get wrong.

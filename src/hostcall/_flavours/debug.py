@@ -125,6 +125,37 @@ class _FormatChecker(string.Formatter):
           "`jax.debug.print` and instead should pass in a regular string.")
 
 
+class _AsJaxArray(np.ndarray):
+  """A NumPy array that prints as the CPU ``jax.Array`` that JAX's
+  ``debug.print`` formats (``repr`` is ``Array(2, dtype=int32)``; ``str``
+  and format specs as NumPy's)."""
+
+  def __repr__(self):
+    value = self.view(np.ndarray)
+    prefix, dtype = "Array(", f"dtype={value.dtype.name}"
+    width = np.get_printoptions()["linewidth"]
+    if value.size == 0:
+      text = f"[], shape={value.shape}"
+    else:
+      text = np.array2string(value, prefix=prefix, suffix=",",
+                             separator=", ", max_line_width=width)
+    last_line = len(text) - text.rfind("\n") + 1
+    sep = " " if last_line + len(dtype) + 2 <= width else " " * len(prefix)
+    return f"{prefix}{text},{sep}{dtype})"
+
+  def __str__(self):
+    return str(self.view(np.ndarray))
+
+  def __format__(self, spec):
+    value = self.view(np.ndarray)
+    return format(value if value.ndim else value[()], spec)
+
+
+def _as_jax_arrays(tree):
+  return jax.tree_util.tree_map(
+      lambda v: v.view(_AsJaxArray) if isinstance(v, np.ndarray) else v, tree)
+
+
 class _Printer:
   """Formats and prints on the host, with the NumPy print options of the
   trace."""
@@ -143,6 +174,7 @@ class _Printer:
         (other.fmt, other.printoptions, other.has_placeholders))
 
   def __call__(self, *args, **kwargs):
+    args, kwargs = _as_jax_arrays((args, kwargs))
     with np.printoptions(**dict(self.printoptions)):
       if self.has_placeholders:
         message = self.fmt.format(*args, **kwargs)
@@ -153,7 +185,8 @@ class _Printer:
 
 
 def debug_print(fmt: str | None = None, *args: Any, ordered: bool = False,
-                partitioned: bool = False, **kwargs: Any):
+                partitioned: bool = False, skip_format_check: bool = False,
+                **kwargs: Any):
   """Prints runtime values from inside transformed code; ``jax.debug.print``'s
   drop-in (``fmt.format(*args, **kwargs)``, two-call form included).
 
@@ -162,6 +195,8 @@ def debug_print(fmt: str | None = None, *args: Any, ordered: bool = False,
     *args, **kwargs: the values to format.
     ordered: sequence this print with the other ordered callbacks.
     partitioned: accepted for compatibility, as for ``debug_callback``.
+    skip_format_check: as in JAX: do not check ``fmt`` against the
+      arguments when tracing.
 
   Returns:
     None.
@@ -172,7 +207,8 @@ def debug_print(fmt: str | None = None, *args: Any, ordered: bool = False,
     x = 2
   """
   def staged(fmt: str, *c_args, **c_kwargs):
-    _FormatChecker().format(fmt, *c_args, **c_kwargs)
+    if not skip_format_check:
+      _FormatChecker().format(fmt, *c_args, **c_kwargs)
     has_placeholders = False
     if fmt:
       _, field, *_ = next(iter(string.Formatter().parse(fmt)))

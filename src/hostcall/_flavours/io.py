@@ -82,7 +82,7 @@ def io_callback(callback: Callable[..., Any], result_shape_dtypes: Any,
     vmap_method = "expand_dims"
   callback = _stage.with_rules(callback, jvp, vjp, finite_differences)
   return _stage.stage("io_callback", callback, result_shape_dtypes, args,
-                      kwargs, mode="ordered" if ordered else "unordered",
+                      kwargs, mode="io_ordered" if ordered else "io",
                       sharding=sharding, vmap_method=vmap_method,
                       vmap_error=_ordered_vmap_refused,
                       jvp_error=_no_jvp if differentiable else None)

@@ -1,0 +1,95 @@
+"""``vmap`` of a ``while_loop`` whose condition calls the host.
+
+JAX lowers a while loop whose condition has effects by evaluating the
+condition once before the loop and once at the end of every iteration,
+carrying the predicate; when ``vmap`` has batched that predicate, this path
+reduces it with ``or`` and never selects per lane, so lanes that have
+finished keep advancing (a tap in the condition would change the result).
+Without ordered effects, the other path evaluates the condition twice per
+iteration (a tap would run twice).
+
+hostcall makes the same rewrite one step earlier, in the batching rule of
+``while``, when the condition holds a hostcall: the condition runs before
+the loop and at the end of each iteration's body, its predicate becomes part
+of the carry, and the new loop's condition (just that predicate) has no
+effect, so JAX's usual batching selects each lane's carry and predicate.
+The host sees what the legacy ``host_callback`` showed it: the condition's
+values once before the loop and once per iteration, for the whole batch.
+Every other ``while`` batches exactly as before.
+"""
+
+from __future__ import annotations
+
+import jax
+from jax.extend import core as jex_core
+from jax.extend.core import primitives
+from jax.interpreters import batching
+
+from hostcall import _jax_private
+
+_batch_while = batching.fancy_primitive_batchers[primitives.while_p]
+_HOST_EFFECTS: tuple[type, ...] = ()
+
+
+def _spec(aval) -> jax.ShapeDtypeStruct:
+  return jax.ShapeDtypeStruct(aval.shape, aval.dtype,
+                              weak_type=getattr(aval, "weak_type", False))
+
+
+def _predicate_carried(cond_jaxpr, body_jaxpr, n_cond_consts, n_body_consts):
+  """The loop's body and condition with the predicate in the carry."""
+  cond = jex_core.jaxpr_as_fun(cond_jaxpr)
+  body = jex_core.jaxpr_as_fun(body_jaxpr)
+  avals = cond_jaxpr.in_avals
+  cond_consts, carry = avals[:n_cond_consts], avals[n_cond_consts:]
+  body_consts = body_jaxpr.in_avals[:n_body_consts]
+  pred = cond_jaxpr.out_avals[0]
+
+  def new_cond(pred, *carry):
+    del carry
+    return pred
+
+  def new_body(*args):
+    cconsts = args[:n_cond_consts]
+    bconsts = args[n_cond_consts:n_cond_consts + n_body_consts]
+    carry = args[n_cond_consts + n_body_consts + 1:]
+    carry = body(*bconsts, *carry)
+    return (cond(*cconsts, *carry)[0], *carry)
+
+  specs = [_spec(a) for a in (pred, *carry)]
+  new_cond_jaxpr = jax.make_jaxpr(new_cond)(*specs)
+  new_body_jaxpr = jax.make_jaxpr(new_body)(
+      *[_spec(a) for a in (*cond_consts, *body_consts)], *specs)
+  return new_cond_jaxpr, new_body_jaxpr
+
+
+def _while_batching_rule(axis_data, args, dims, *, cond_nconsts, cond_jaxpr,
+                         body_nconsts, body_jaxpr):
+  if not any(isinstance(e, _HOST_EFFECTS) for e in cond_jaxpr.effects):
+    return _batch_while(axis_data, args, dims, cond_nconsts=cond_nconsts,
+                        cond_jaxpr=cond_jaxpr, body_nconsts=body_nconsts,
+                        body_jaxpr=body_jaxpr)
+  n_consts = cond_nconsts + body_nconsts
+  cconsts, bconsts, init = (args[:cond_nconsts], args[cond_nconsts:n_consts],
+                            args[n_consts:])
+  cdims, bdims, idims = (dims[:cond_nconsts], dims[cond_nconsts:n_consts],
+                         dims[n_consts:])
+  # The condition's first evaluation, batched as the loop's inputs are.
+  first_cond = _jax_private.batch_jaxpr_axes(
+      cond_jaxpr, axis_data, list(cdims) + list(idims), [0])
+  (pred,) = jex_core.jaxpr_as_fun(first_cond)(*cconsts, *init)
+  new_cond, new_body = _predicate_carried(cond_jaxpr, body_jaxpr,
+                                          cond_nconsts, body_nconsts)
+  outs, out_dims = _batch_while(
+      axis_data, [*cconsts, *bconsts, pred, *init],
+      [*cdims, *bdims, 0, *idims], cond_nconsts=0, cond_jaxpr=new_cond,
+      body_nconsts=n_consts, body_jaxpr=new_body)
+  return outs[1:], out_dims[1:]
+
+
+def install(host_effects: tuple[type, ...]) -> None:
+  """Takes over ``while``'s batching rule for conditions holding one of
+  ``host_effects`` (hostcall's effect types); others go to JAX's rule."""
+  global _HOST_EFFECTS
+  _HOST_EFFECTS = host_effects
+  batching.fancy_primitive_batchers[primitives.while_p] = _while_batching_rule

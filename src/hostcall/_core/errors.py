@@ -1,0 +1,208 @@
+"""Host function failures: rendered safely, logged, kept for the caller.
+
+When a host function of a call with results raises, its computation fails:
+the runtime turns the exception into a ``jax.errors.JaxRuntimeError`` whose
+text is the exception's formatted traceback. The runtime's C++ side cannot
+carry every exception: text that is not valid UTF-8 (a lone surrogate, as
+``os.fsdecode`` makes of a non-UTF-8 file name) or an ``__str__`` that
+raises crashes the process, and a NUL byte cuts the text short. hostcall
+hands the runtime an exception it can carry (the original when it is
+harmless, else a ``HostFunctionError`` with an escaped rendering) and keeps
+the original, so that ``hostcall.original_errors()`` can raise it again in
+the caller.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import itertools
+import logging
+import re
+import threading
+import traceback
+
+logger = logging.getLogger("hostcall")
+
+_KEEP = 64  # originals kept for the caller, newest last
+_lock = threading.Lock()
+_originals: collections.OrderedDict[int, BaseException] = (
+    collections.OrderedDict())
+_ids = itertools.count(1)
+_TAG = "hostcall host error #{}"
+_TAG_PATTERN = re.compile(r"hostcall host error #(\d+)")
+
+
+class HostFunctionError(RuntimeError):
+  """Stands in, inside the runtime, for a host function's exception whose
+  text the runtime cannot carry; its message is an escaped rendering.
+  ``hostcall.original_errors()`` raises the original instead."""
+
+
+def safe_str(value) -> str:
+  """``str(value)``, never raising, as text any UTF-8 stream can carry
+  (lone surrogates and NUL bytes escaped)."""
+  try:
+    text = str(value)
+  except BaseException:  # noqa: BLE001 - a broken __str__ is data here
+    try:
+      text = object.__repr__(value)
+    except BaseException:  # noqa: BLE001
+      text = "<unprintable>"
+    text = f"<str() failed: {text}>"
+  return _escape(text)
+
+
+def _escape(text: str) -> str:
+  text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+  return text.replace("\x00", "\\x00")
+
+
+def describe(exc: BaseException) -> str:
+  """``TypeName: message`` of an exception, safely."""
+  return f"{type(exc).__name__}: {safe_str(exc)}"
+
+
+def format_safely(exc: BaseException) -> str:
+  """The exception's traceback, as ``traceback`` formats it, safely."""
+  try:
+    text = "".join(traceback.format_exception(type(exc), exc,
+                                              exc.__traceback__))
+  except BaseException:  # noqa: BLE001 - a pathological exception
+    text = describe(exc) + "\n"
+  return _escape(text)
+
+
+def _carryable(exc: BaseException) -> bool:
+  """Whether the runtime can turn ``exc`` into its error text unharmed."""
+  try:
+    text = "".join(traceback.format_exception(type(exc), exc,
+                                              exc.__traceback__))
+    text.encode("utf-8")
+  except BaseException:  # noqa: BLE001
+    return False
+  return "\x00" not in text and "<exception str() failed>" not in text
+
+
+def _keep(exc: BaseException) -> int:
+  with _lock:
+    key = next(_ids)
+    _originals[key] = exc
+    while len(_originals) > _KEEP:
+      _originals.popitem(last=False)
+  return key
+
+
+_PACKAGE_DIR = __file__.rsplit("_core", 1)[0]
+
+
+def _user_frames(tb):
+  """``tb`` without hostcall's own frames in front of the user's."""
+  while tb is not None and tb.tb_frame.f_code.co_filename.startswith(
+      _PACKAGE_DIR):
+    tb = tb.tb_next
+  return tb
+
+
+def for_runtime(exc: BaseException, label: str) -> BaseException:
+  """What to raise into the runtime for ``exc``, a host function's failure.
+
+  The original, tagged with a note naming its id, when the runtime can
+  carry it (so the error text is the one JAX users know); otherwise a
+  ``HostFunctionError`` carrying an escaped rendering and the same tag.
+  """
+  user_tb = _user_frames(exc.__traceback__)
+  if user_tb is not None:
+    exc = exc.with_traceback(user_tb)
+  key = _keep(exc)
+  tag = _TAG.format(key)
+  note = (f"[{tag}: `with hostcall.original_errors():` around the JAX call "
+          f"raises this {type(exc).__name__} itself]")
+  if _carryable(exc):
+    try:
+      notes = list(getattr(exc, "__notes__", None) or [])
+      exc.__notes__ = [n for n in notes if not _TAG_PATTERN.search(str(n))] + [
+          note]
+      return exc
+    except BaseException:  # noqa: BLE001 - an exception without a __dict__
+      pass
+  replacement = HostFunctionError(
+      f"{label}: the host function raised {format_safely(exc)}{note}")
+  replacement.__suppress_context__ = True
+  return replacement
+
+
+def log_failure(label: str, exc: BaseException) -> None:
+  """Logs a failed host call at ERROR, with its traceback, as JAX does."""
+  logger.error("%s failed: %s\n%s", label, describe(exc),
+               format_safely(exc).rstrip())
+
+
+def original_error(error: BaseException) -> BaseException | None:
+  """The host function's exception behind ``error``, or None.
+
+  Arguments:
+    error: the exception a JAX call raised (usually a
+      ``jax.errors.JaxRuntimeError``).
+
+  Returns:
+    The exception object the host function raised (its type, ``args`` and
+    ``__traceback__`` intact), if hostcall still keeps it (the last 64).
+
+  Example:
+    >>> import jax, hostcall
+    >>> def lookup(k):
+    ...   raise KeyError(int(k))
+    >>> f = jax.jit(lambda k: hostcall.pure_callback(
+    ...     lookup, jax.ShapeDtypeStruct((), k.dtype), k))
+    >>> try:
+    ...   f(3)
+    ... except Exception as e:
+    ...   print(repr(hostcall.original_error(e)))
+    KeyError(3)
+  """
+  seen = set()
+  while error is not None and id(error) not in seen:
+    seen.add(id(error))
+    text = safe_str(error)
+    found = _TAG_PATTERN.findall(text)
+    with _lock:
+      if found:
+        return _originals.get(int(found[-1]))
+      # The runtime's text ends with the original's last line.
+      for original in reversed(_originals.values()):
+        if text.rstrip().endswith(describe(original)):
+          return original
+    error = error.__cause__ or error.__context__
+  return None
+
+
+@contextlib.contextmanager
+def original_errors():
+  """Raises host functions' own exceptions out of the JAX calls they failed.
+
+  Inside the block, a JAX call that failed because a host function raised
+  re-raises that exception (say a ``KeyError``, with its host traceback),
+  the runtime's ``JaxRuntimeError`` attached as its ``__context__``. Other
+  errors pass unchanged. Also usable as a decorator.
+
+  Example:
+    >>> import jax, hostcall
+    >>> def lookup(k):
+    ...   raise KeyError(int(k))
+    >>> f = jax.jit(lambda k: hostcall.pure_callback(
+    ...     lookup, jax.ShapeDtypeStruct((), k.dtype), k))
+    >>> try:
+    ...   with hostcall.original_errors():
+    ...     f(3)
+    ... except KeyError as e:
+    ...   print("caught", repr(e))
+    caught KeyError(3)
+  """
+  try:
+    yield
+  except Exception as error:  # noqa: BLE001 - only ours are replaced
+    original = original_error(error)
+    if original is None or original is error:
+      raise
+    raise original.with_traceback(original.__traceback__)

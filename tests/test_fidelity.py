@@ -1,0 +1,415 @@
+"""Drop-in fidelity: the same program with JAX's callback and with hostcall's,
+in one test, with the same results, host calls, errors and words."""
+
+import contextlib
+import functools
+import io
+import logging
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax.ad_checkpoint import checkpoint_name
+from jax.experimental import io_callback as jax_io_callback
+
+import hostcall
+from hostcall import host_callback as hcb
+
+F32 = jax.ShapeDtypeStruct((), jnp.float32)
+PAIR = (jax.ShapeDtypeStruct((2,), jnp.float32),
+        jax.ShapeDtypeStruct((), jnp.int32))
+
+PURE = {"jax": jax.pure_callback, "hostcall": hostcall.pure_callback}
+IO = {"jax": jax_io_callback, "hostcall": hostcall.io_callback}
+DEBUG = {"jax": jax.debug.callback, "hostcall": hostcall.debug_callback}
+PRINT = {"jax": jax.debug.print, "hostcall": hostcall.debug_print}
+
+
+def _both(impls, program):
+  """``program(impl)`` for JAX's and hostcall's; returns both outcomes."""
+  outcomes = {}
+  for name, impl in impls.items():
+    try:
+      outcomes[name] = ("ok", program(impl))
+    except Exception as exc:  # noqa: BLE001 - the outcome is compared
+      outcomes[name] = ("error", type(exc), str(exc))
+    jax.effects_barrier()
+    hostcall.barrier()
+  return outcomes["jax"], outcomes["hostcall"]
+
+
+def _printed(fn):
+  out = io.StringIO()
+  with contextlib.redirect_stdout(out):
+    fn()
+    jax.effects_barrier()
+    hostcall.barrier()
+  return out.getvalue()
+
+
+# --- results: leaves, not pytree structure -----------------------------------
+
+@pytest.mark.parametrize("returned", [
+    lambda x: [x * 2, np.int32(3)],             # a list where a tuple is declared
+    lambda x: [[x * 2], [np.int32(3)]],         # nested lists
+    lambda x: {"a": x * 2, "b": np.int32(3)},   # a dict: leaves in key order
+])
+@pytest.mark.parametrize("flavour", ["pure", "io"])
+def test_results_are_matched_leaf_by_leaf_like_jax(returned, flavour):
+  impls = PURE if flavour == "pure" else IO
+  program = lambda impl: jax.tree_util.tree_map(
+      np.asarray, jax.jit(lambda x: impl(returned, PAIR, x))(jnp.ones(2)))
+  ours, theirs = _both(impls, program)
+  assert ours[0] == theirs[0] == "ok"
+  np.testing.assert_array_equal(ours[1][0], theirs[1][0])
+  assert int(ours[1][1]) == int(theirs[1][1]) == 3
+
+
+@pytest.mark.parametrize("flavour", ["pure", "io"])
+def test_wrong_number_of_results_has_jax_words(flavour):
+  impls = PURE if flavour == "pure" else IO
+  jax_out, ours = _both(impls, lambda impl: jax.jit(
+      lambda x: impl(lambda v: (v, v, v), PAIR, x))(jnp.ones(2)))
+  for outcome in (jax_out, ours):
+    assert outcome[0] == "error"
+    assert ("Mismatched number of outputs from callback. Expected: 2, "
+            "Actual: 3") in outcome[2]
+
+
+@pytest.mark.parametrize("flavour", ["pure", "io"])
+def test_wrong_dtype_has_jax_words_and_the_fix(flavour):
+  impls = PURE if flavour == "pure" else IO
+  program = lambda impl: jax.jit(lambda x: impl(
+      lambda v: v.astype(np.int32), jax.ShapeDtypeStruct((2,), jnp.float32),
+      x))(jnp.ones(2))
+  jax_out, ours = _both(impls, program)
+  words = ("Incorrect output dtype for return value #0: Expected: float32, "
+           "Actual: int32")
+  assert words in jax_out[2] and words in ours[2]
+  assert "np.asarray(r, np.float32)" in ours[2]
+
+
+@pytest.mark.parametrize("flavour", ["pure", "io"])
+def test_wrong_shape_has_jax_words(flavour):
+  impls = PURE if flavour == "pure" else IO
+  program = lambda impl: jax.jit(lambda x: impl(
+      lambda v: v[:1], jax.ShapeDtypeStruct((2,), jnp.float32),
+      x))(jnp.ones(2))
+  jax_out, ours = _both(impls, program)
+  words = ("Incorrect output shape for return value #0: Expected: (2,), "
+           "Actual: (1,)")
+  assert words in jax_out[2] and words in ours[2]
+
+
+@pytest.mark.parametrize("declared", [
+    jax.ShapeDtypeStruct((), np.float64),
+    jax.ShapeDtypeStruct((3,), np.int64),
+    (F32, jax.ShapeDtypeStruct((), np.uint64)),
+    np.zeros((), np.float64),
+])
+@pytest.mark.parametrize("flavour", ["pure", "io"])
+def test_64_bit_declarations_are_refused_without_x64_like_jax(declared,
+                                                              flavour):
+  assert not jax.config.jax_enable_x64
+  impls = PURE if flavour == "pure" else IO
+  calls = []
+  jax_out, ours = _both(impls, lambda impl: jax.jit(
+      lambda x: impl(lambda v: calls.append(v), declared, x))(1.0))
+  for outcome in (jax_out, ours):
+    assert outcome[:2] == ("error", ValueError)
+    assert ("cannot specify 64-bit types when `jax_enable_x64` is disabled"
+            in outcome[2])
+  assert calls == []
+
+
+def test_64_bit_results_are_narrowed_without_x64_like_jax():
+  for impl in PURE.values():
+    out = jax.jit(lambda x: impl(lambda v: np.float64(2.5), F32, x))(1.0)
+    assert out.dtype == jnp.float32 and float(out) == 2.5
+
+
+def test_shape_description_that_is_not_one_is_refused_like_jax():
+  for name, impl in PURE.items():
+    with pytest.raises(Exception) as info:
+      jax.jit(lambda x: impl(lambda v: v, (3,), x))(jnp.ones(3))
+    if name == "hostcall":
+      assert info.type is ValueError
+      assert "jax.ShapeDtypeStruct((3,), dtype)" in str(info.value)
+
+
+def test_python_numbers_are_converted_where_no_value_changes():
+  # hostcall's extra: JAX refuses a Python int for a float32 result.
+  f = lambda ret, decl: jax.jit(lambda x: hostcall.pure_callback(
+      lambda v: ret, decl, x))(1.0)
+  assert float(f(3, F32)) == 3.0
+  np.testing.assert_array_equal(
+      f([1, 2], jax.ShapeDtypeStruct((2,), jnp.float32)), [1.0, 2.0])
+  with pytest.raises(Exception, match="would change their value"):
+    f(2.5, jax.ShapeDtypeStruct((), jnp.int32))
+  with pytest.raises(Exception, match="does not fit in int8"):
+    f(300, jax.ShapeDtypeStruct((), jnp.int8))
+  with pytest.raises(Exception, match="ragged"):
+    f([[1, 2], [3]], jax.ShapeDtypeStruct((2, 2), jnp.float32))
+
+
+def test_big_endian_result_is_accepted():
+  out = jax.jit(lambda x: hostcall.pure_callback(
+      lambda v: np.asarray(v, ">f4") * 2, jax.ShapeDtypeStruct((2,), jnp.float32),
+      x))(jnp.ones(2))
+  np.testing.assert_array_equal(out, [2.0, 2.0])
+
+
+# --- failures: logged with the flavour's name and the traceback --------------
+
+@pytest.mark.parametrize("flavour,impls,label", [
+    ("pure", PURE, "pure_callback failed"),
+    ("io", IO, "io_callback failed"),
+])
+def test_failing_host_function_is_logged_with_its_traceback(flavour, impls,
+                                                            label, caplog):
+  def broken(v):
+    raise KeyError("missing-key")
+
+  for name, impl in impls.items():
+    caplog.clear()
+    with caplog.at_level(logging.ERROR):
+      with pytest.raises(Exception, match="missing-key"):
+        jax.jit(lambda x: impl(broken, F32, x))(1.0)
+    records = [r for r in caplog.records if r.levelno == logging.ERROR]
+    text = "\n".join(r.getMessage() + (
+        "\n" + logging.Formatter().formatException(r.exc_info)
+        if r.exc_info else "") for r in records)
+    assert label in text, name
+    assert "Traceback" in text and "in broken" in text, name
+
+
+def test_debug_callback_failure_is_logged_like_jax(caplog):
+  def broken(v):
+    raise KeyError("debug-key")
+
+  with caplog.at_level(logging.ERROR):
+    with pytest.raises(Exception, match="debug-key"):
+      jax.jit(lambda x: hostcall.debug_callback(broken, x))(1.0)
+  assert "debug_callback failed" in caplog.text and "in broken" in caplog.text
+
+
+# --- io callbacks: never on a branch no element takes, never twice -----------
+
+def test_io_callback_under_vmap_of_cond_is_refused_like_jax():
+  calls = []
+  program = lambda impl: jax.vmap(lambda p, x: lax.cond(
+      p, lambda x: impl(lambda v: (calls.append(1), v)[1], F32, x),
+      lambda x: x, x))(jnp.array([True, False]), jnp.ones(2))
+  jax_out, ours = _both(IO, program)
+  assert jax_out[:2] == ours[:2] == ("error", NotImplementedError)
+  assert "IO effect not supported in vmap-of-cond" in ours[2]
+  assert calls == []
+
+
+def test_io_callback_under_vmap_of_cond_with_unbatched_predicate_too():
+  calls = []
+  program = lambda impl: jax.vmap(lambda p, x: lax.cond(
+      p, lambda x: impl(lambda v: (calls.append(float(v)), v)[1], F32, x),
+      lambda x: x, x), in_axes=(None, 0))(True, jnp.arange(2.0))
+  jax_out, ours = _both(IO, program)
+  assert jax_out[:2] == ours[:2] == ("error", NotImplementedError)
+  assert calls == []
+
+
+@pytest.mark.parametrize("returns", [False, True])
+def test_io_callback_in_checkpoint_under_grad_is_refused_like_jax(returns):
+  calls = []
+
+  def program(impl):
+    @jax.checkpoint
+    def f(x):
+      y = impl(lambda v: (calls.append(1), v if returns else None)[1],
+               F32 if returns else None, x)
+      return jnp.sin(y if returns else x)
+    return jax.grad(f)(1.0)
+
+  jax_out, ours = _both(IO, program)
+  assert jax_out[0] == ours[0] == "error"
+  if returns:
+    assert jax_out[1] is ours[1] is ValueError
+    assert "IO callbacks do not support JVP." in ours[2]
+  else:
+    # hostcall runs a result-less io callback under grad (on primal values,
+    # once) where JAX refuses any; under checkpoint it would run twice.
+    assert ours[1] is NotImplementedError
+    assert "Effects not supported in partial-eval of `checkpoint`" in ours[2]
+  assert calls == []
+
+
+@pytest.mark.parametrize("transform", ["jvp", "linearize"])
+def test_io_callback_under_jvp_is_refused_before_it_runs(transform):
+  calls = []
+
+  def program(impl):
+    f = lambda x: impl(lambda v: (calls.append(1), v)[1], F32, x)
+    if transform == "jvp":
+      return jax.jvp(f, (1.0,), (1.0,))
+    return jax.linearize(f, 1.0)
+
+  jax_out, ours = _both(IO, program)
+  assert jax_out[:2] == ours[:2] == ("error", ValueError)
+  assert "IO callbacks do not support JVP." in ours[2]
+  assert calls == []
+
+
+def test_io_callback_under_transposition_raises_value_error_like_jax():
+  program = lambda impl: jax.linear_transpose(
+      lambda x: impl(lambda v: v, F32, x), 1.0)(1.0)
+  jax_out, ours = _both(IO, program)
+  assert jax_out[0] == ours[0] == "error"
+  assert jax_out[1] is ours[1] is ValueError
+
+
+def test_pure_callback_under_transposition_raises_value_error_like_jax():
+  program = lambda impl: jax.linear_transpose(
+      lambda x: impl(lambda v: v, F32, x), 1.0)(1.0)
+  jax_out, ours = _both(PURE, program)
+  assert jax_out[0] == ours[0] == "error"
+  assert jax_out[1] is ours[1]
+
+
+def test_ordered_io_callbacks_of_jax_and_hostcall_share_one_order():
+  log = []
+
+  def f(x):
+    jax_io_callback(lambda v: log.append(("jax", float(v))), None, x,
+                    ordered=True)
+    hostcall.io_callback(lambda v: log.append(("hostcall", float(v))), None,
+                         x + 1, ordered=True)
+    jax_io_callback(lambda v: log.append(("jax", float(v))), None, x + 2,
+                    ordered=True)
+    return x
+
+  jax.jit(f)(0.0)
+  jax.effects_barrier()
+  assert log == [("jax", 0.0), ("hostcall", 1.0), ("jax", 2.0)]
+
+
+# --- debug callbacks under checkpoint policies -------------------------------
+
+@pytest.mark.parametrize("policy", [
+    None,
+    jax.checkpoint_policies.everything_saveable,
+    jax.checkpoint_policies.nothing_saveable,
+    jax.checkpoint_policies.save_anything_except_these_names("a", "b"),
+    jax.checkpoint_policies.save_only_these_names("a"),
+])
+def test_debug_print_under_checkpoint_prints_as_often_as_jax(policy):
+  def program(impl):
+    @functools.partial(jax.checkpoint, policy=policy)
+    def f(x):
+      a = checkpoint_name(jnp.sin(x), "a")
+      impl("a={}", a)
+      return jnp.cos(a)
+    return _printed(lambda: jax.grad(f)(1.0))
+
+  jax_out, ours = _both(PRINT, program)
+  assert jax_out == ours
+  assert jax_out[1].count("a=") >= 1
+
+
+def test_debug_callback_under_checkpoint_calls_as_often_as_jax():
+  for policy in (jax.checkpoint_policies.everything_saveable,
+                 jax.checkpoint_policies.save_anything_except_these_names(
+                     "a", "b")):
+    counts = {}
+    for name, impl in DEBUG.items():
+      calls = []
+
+      @functools.partial(jax.checkpoint, policy=policy)
+      def f(x):
+        impl(lambda v: calls.append(float(v)), x)
+        return jnp.sin(x)
+
+      jax.grad(f)(1.0)
+      jax.effects_barrier()
+      counts[name] = calls
+    assert counts["jax"] == counts["hostcall"]
+
+
+# --- debug_print's text ------------------------------------------------------
+
+@pytest.mark.parametrize("fmt,make", [
+    ("{}", lambda x: ((x,), {})),
+    ("{!r}", lambda x: ((x,), {})),
+    ("{}", lambda x: (([x, x * 2],), {})),
+    ("{x} and {y!r}", lambda x: ((), {"x": x, "y": (x, jnp.ones(2))})),
+    ("{:.3f}", lambda x: ((x.astype(jnp.float32) / 3,), {})),
+    ("{!r}", lambda x: ((jnp.arange(30.0).reshape(3, 10) * x,), {})),
+    ("{!r}", lambda x: ((jnp.zeros((0, 3)),), {})),
+    ("{}", lambda x: (({"a": x, "b": jnp.ones(2, jnp.bfloat16)},), {})),
+    ("no placeholders", lambda x: ((x, x + 1), {})),
+])
+def test_debug_print_text_is_jaxs(fmt, make):
+  def program(impl):
+    def f(x):
+      args, kwargs = make(x)
+      impl(fmt, *args, **kwargs)
+    return _printed(lambda: jax.jit(f)(jnp.int32(2)))
+  jax_out, ours = _both(PRINT, program)
+  assert jax_out == ours
+
+
+def test_debug_print_accepts_skip_format_check():
+  for impl in PRINT.values():
+    out = _printed(lambda: jax.jit(lambda x: impl(
+        "x:", x, skip_format_check=True))(jnp.int32(1)))
+    assert out == "x: 1\n"
+
+
+# --- the legacy module -------------------------------------------------------
+
+def test_callback_flavor_is_accepted_everywhere_the_legacy_module_took_it():
+  flavour = hcb.CallbackFlavor.PURE
+  assert [f.name for f in hcb.CallbackFlavor] == ["IO_CALLBACK", "PURE",
+                                                   "DEBUG"]
+  out = jax.jit(lambda x: hcb.call(lambda v: v * 2, x, result_shape=x,
+                                   callback_flavor=flavour))(2.0)
+  assert float(out) == 4.0
+  seen = []
+  jax.jit(lambda x: hcb.id_tap(lambda v, t: seen.append(float(v)), x,
+                               callback_flavor=flavour))(3.0)
+  text = io.StringIO()
+  jax.jit(lambda x: hcb.id_print(x, output_stream=text,
+                                 callback_flavor=flavour))(4.0)
+  hcb.barrier_wait()
+  assert seen == [3.0] and text.getvalue() == "4.\n"
+
+
+def test_call_under_vmap_has_the_legacy_words():
+  with pytest.raises(NotImplementedError, match="batching rules are "
+                     "implemented only for id_tap, not for call"):
+    jax.vmap(lambda x: hcb.call(lambda v: v, x, result_shape=x))(jnp.ones(2))
+
+
+def test_callback_exception_has_the_legacy_words():
+  jax.jit(lambda x: hcb.id_tap(lambda v, t: 1 / 0, x))(1.0)
+  with pytest.raises(hcb.CallbackException, match=r"^There were exceptions "
+                     r"during callback processing\. Last one was: "
+                     r"Traceback") as info:
+    hcb.barrier_wait()
+  assert "ZeroDivisionError" in str(info.value)
+  assert "1 tap function call(s) raised since the last barrier" in str(
+      info.value)
+
+
+def test_debug_callback_of_a_linear_value_under_transposition_like_jax():
+  # JAX's debug callback contributes no cotangent and is not called in the
+  # transposed program.
+  for name, impl in DEBUG.items():
+    calls = []
+
+    def f(x):
+      impl(lambda v: calls.append(float(v)), x)
+      return 2 * x
+
+    ct = jax.linear_transpose(f, 1.0)(1.0)
+    jax.effects_barrier()
+    assert float(ct[0]) == 2.0 and calls == [], name
