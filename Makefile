@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv demo test test-heavy bench clean
+.PHONY: venv demo test test-heavy test-legacy bench clean
 
 venv: $(STAMP)
 
@@ -22,6 +22,11 @@ test: venv
 
 test-heavy: venv
 	$(BIN)/python -m pytest -q -m heavy
+
+# Re-runs tests/legacy's programs against jax 0.4.34's host_callback (built in
+# .venv-legacy on first use) and checks tests/legacy/expected_legacy.json.
+test-legacy: venv
+	HOSTCALL_TEST_LEGACY=1 $(BIN)/python -m pytest -q -m legacy tests/legacy
 
 bench: venv
 	$(BIN)/python -m pip install --quiet -e '.[test,bench]'

@@ -16,6 +16,7 @@ from jax._src import dispatch as _dispatch
 from jax._src import effects as _effects
 from jax._src import config as _config
 from jax._src import named_sharding as _named_sharding
+from jax._src import shard_alike as _shard_alike
 from jax._src import sharding_impls as _sharding_impls
 from jax._src.lib import xla_client as _xc
 from jax._src.interpreters import batching as _batching
@@ -55,6 +56,29 @@ def replicated(ctx, value, aval):
   return _mlir.wrap_with_sharding_op(ctx, value, aval, sharding)
 
 
+def shard_alike(ctx, x, y, x_aval, y_aval):
+  """``y``, kept in one sharding group with ``x`` (what
+  ``jax.experimental.shard_alike`` lowers to), so XLA shards them alike."""
+  return _shard_alike._group_shard(ctx, x, y, x_aval, y_aval)[1]
+
+
+def split_over_devices(ctx, value, aval, num_devices: int):
+  """``value`` (of shape ``(num_devices,)``) annotated so that device ``k``
+  of the computation holds element ``k``."""
+  if _config.use_shardy_partitioner.value:
+    sharding = _named_sharding.SdyArray(
+        mesh_shape=(("_hostcall_devices", num_devices),),
+        dim_shardings=(_named_sharding.SdyDim(
+            axes=("_hostcall_devices",), is_open=False),),
+        logical_device_ids=None)
+  else:
+    sharding = _xc.OpSharding()
+    sharding.type = _xc.OpSharding.Type.OTHER
+    sharding.tile_assignment_dimensions = [num_devices]
+    sharding.tile_assignment_devices = list(range(num_devices))
+  return _mlir.wrap_with_sharding_op(ctx, value, aval, sharding)
+
+
 #: The token aval, compared by identity when lowering custom calls.
 abstract_token = _core.abstract_token
 
@@ -64,6 +88,19 @@ abstract_token = _core.abstract_token
 def batch_jaxpr_axes(closed_jaxpr, axis_data, in_axes, out_axes_dest):
   return _batching.batch_jaxpr_axes(closed_jaxpr, axis_data, in_axes,
                                     out_axes_dest)[0]
+
+
+#: ``batch_jaxpr(closed_jaxpr, axis_data, in_batched, instantiate)``:
+#: ``(jaxpr, out_batched)``, as JAX's control-flow batching rules use it.
+batch_jaxpr = _batching.batch_jaxpr
+
+
+def broadcast_batched(x, axis_data, dim):
+  """``x`` (batched at ``dim``, or not at all when None) batched at 0."""
+  if dim is None:
+    return _batching.broadcast(x, axis_data.size, 0,
+                               axis_data.explicit_mesh_axis)
+  return _batching.moveaxis(x, dim, 0)
 
 
 #: ``jax.experimental.io_callback``'s effects (unordered, ordered). JAX's

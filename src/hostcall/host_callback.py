@@ -171,7 +171,8 @@ def _unpack_tuple_arg(fn, arg, with_device: bool) -> bool:
 
 def id_tap(tap_func: Callable, arg, *, result=None, tap_with_device=False,
            device_index=0, callback_flavor=CallbackFlavor.IO_CALLBACK,
-           delivery: str | None = None, **kwargs):
+           delivery: str | None = None, partitioned: bool = False,
+           **kwargs):
   """Identity on ``arg`` that calls ``tap_func`` on the host with its value.
 
   Arguments:
@@ -190,6 +191,10 @@ def id_tap(tap_func: Callable, arg, *, result=None, tap_with_device=False,
       nothing.
     delivery: hostcall's extra: ``"sync"`` or ``"async"`` (see
       ``hostcall.set_delivery``); None: the mode in force.
+    partitioned: hostcall's extra: under ``jit`` of arrays sharded over
+      several devices, one call per shard with the local shard instead of
+      one with the gathered value; the shard's place is in
+      ``hostcall.call_context().shard_indices``. Not ordered.
     **kwargs: ``tap_with_transform`` (from tutorials) is accepted and changes
       nothing; anything else raises ``TypeError``, as in the legacy module.
 
@@ -216,7 +221,8 @@ def id_tap(tap_func: Callable, arg, *, result=None, tap_with_device=False,
   if result is not None:
     check_operands(jax.tree_util.tree_leaves(result), "id_tap's result")
   outs = bind(flat, target=_Tap(tap_func, in_tree, bool(tap_with_device)),
-              identity=True, device_index=device_index, delivery=delivery)
+              identity=True, device_index=device_index, delivery=delivery,
+              partitioned=partitioned)
   if result is not None:
     return result
   return jax.tree_util.tree_unflatten(in_tree, outs)
@@ -240,7 +246,8 @@ def _print_tap(arg, transforms, *, device=None, output_stream=None,
 def id_print(arg, *, result=None, tap_with_device=False, device_index=0,
              output_stream=None, threshold=None,
              callback_flavor=CallbackFlavor.IO_CALLBACK,
-             delivery: str | None = None, **kwargs):
+             delivery: str | None = None, partitioned: bool = False,
+             **kwargs):
   """Like ``id_tap`` with a tap function that prints ``arg`` on the host.
 
   Prints first the keyword arguments sorted by key (``what: ...``), with
@@ -250,8 +257,8 @@ def id_print(arg, *, result=None, tap_with_device=False, device_index=0,
 
   Arguments:
     arg: the pytree to print; it is also returned (unless ``result``).
-    result, tap_with_device, device_index, callback_flavor, delivery: as
-      for ``id_tap``.
+    result, tap_with_device, device_index, callback_flavor, delivery,
+      partitioned: as for ``id_tap``.
     output_stream: an object with ``write(str)``; ``sys.stdout`` if None.
     threshold: passed to ``numpy.array2string``.
     **kwargs: printed before the value (``tap_with_transform`` excepted, for
@@ -273,7 +280,8 @@ def id_print(arg, *, result=None, tap_with_device=False, device_index=0,
   printer = functools.partial(_print_tap, output_stream=output_stream,
                               threshold=threshold, **kwargs)
   return id_tap(printer, arg, result=result, tap_with_device=tap_with_device,
-                device_index=device_index, delivery=delivery)
+                device_index=device_index, delivery=delivery,
+                partitioned=partitioned)
 
 
 def call(callback_func: Callable, arg, *, result_shape=None,

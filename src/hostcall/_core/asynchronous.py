@@ -228,6 +228,11 @@ class Delivery:
           if isinstance(contexts, list):
             *arrays, pid = arrays
             context = contexts[int(pid)]
+          elif callable(contexts):  # a partitioned call: its shard's index
+            unpacked = contexts(arrays)
+            if unpacked is None:
+              continue
+            arrays, context = unpacked
           else:
             context = contexts
           host.run(target, arrays, context, copy=False)

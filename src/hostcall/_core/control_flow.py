@@ -63,20 +63,43 @@ def _predicate_carried(cond_jaxpr, body_jaxpr, n_cond_consts, n_body_consts):
   return new_cond_jaxpr, new_body_jaxpr
 
 
+def _predicate_is_batched(axis_data, dims, cond_nconsts, cond_jaxpr,
+                          body_nconsts, body_jaxpr) -> bool:
+  """Whether JAX's rule would batch the predicate (its own fixpoint)."""
+  batched = [d is not None for d in dims]
+  n_consts = cond_nconsts + body_nconsts
+  cconst_bat, bconst_bat = batched[:cond_nconsts], batched[cond_nconsts:n_consts]
+  carry_bat = batched[n_consts:]
+  for _ in range(1 + len(carry_bat)):
+    _, carry_out = _jax_private.batch_jaxpr(
+        body_jaxpr, axis_data, bconst_bat + carry_bat, carry_bat)
+    if carry_out == carry_bat:
+      break
+    carry_bat = [a or b for a, b in zip(carry_bat, carry_out)]
+  _, (pred_bat,) = _jax_private.batch_jaxpr(
+      cond_jaxpr, axis_data, cconst_bat + carry_bat, False)
+  return pred_bat
+
+
 def _while_batching_rule(axis_data, args, dims, *, cond_nconsts, cond_jaxpr,
                          body_nconsts, body_jaxpr):
-  if not any(isinstance(e, _HOST_EFFECTS) for e in cond_jaxpr.effects):
-    return _batch_while(axis_data, args, dims, cond_nconsts=cond_nconsts,
-                        cond_jaxpr=cond_jaxpr, body_nconsts=body_nconsts,
-                        body_jaxpr=body_jaxpr)
+  params = dict(cond_nconsts=cond_nconsts, cond_jaxpr=cond_jaxpr,
+                body_nconsts=body_nconsts, body_jaxpr=body_jaxpr)
+  if (not any(isinstance(e, _HOST_EFFECTS) for e in cond_jaxpr.effects)
+      or not _predicate_is_batched(axis_data, dims, **params)):
+    # JAX's rule and lowering are right for an unbatched predicate: the
+    # condition runs once per iteration.
+    return _batch_while(axis_data, args, dims, **params)
   n_consts = cond_nconsts + body_nconsts
-  cconsts, bconsts, init = (args[:cond_nconsts], args[cond_nconsts:n_consts],
-                            args[n_consts:])
-  cdims, bdims, idims = (dims[:cond_nconsts], dims[cond_nconsts:n_consts],
-                         dims[n_consts:])
-  # The condition's first evaluation, batched as the loop's inputs are.
+  cconsts, bconsts = args[:cond_nconsts], args[cond_nconsts:n_consts]
+  cdims, bdims = dims[:cond_nconsts], dims[cond_nconsts:n_consts]
+  # A batched predicate batches the whole carry (as JAX's rule does), from
+  # the condition's first evaluation on.
+  init = [_jax_private.broadcast_batched(x, axis_data, d)
+          for x, d in zip(args[n_consts:], dims[n_consts:])]
+  idims = [0] * len(init)
   first_cond = _jax_private.batch_jaxpr_axes(
-      cond_jaxpr, axis_data, list(cdims) + list(idims), [0])
+      cond_jaxpr, axis_data, list(cdims) + idims, [0])
   (pred,) = jex_core.jaxpr_as_fun(first_cond)(*cconsts, *init)
   new_cond, new_body = _predicate_carried(cond_jaxpr, body_jaxpr,
                                           cond_nconsts, body_nconsts)

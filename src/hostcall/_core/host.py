@@ -36,11 +36,15 @@ class CallContext:
     process_index: the index of the process that owns ``device``.
     batch_levels: ``(batch_dims, axis_size)`` of each enclosing ``vmap``,
       innermost first.
+    shard_indices: in a partitioned call (``partitioned=True`` under ``jit``
+      of sharded arrays), where each array operand's shard sits in its
+      global array: one tuple of slices per flat operand. None otherwise.
   """
 
   transforms: tuple[tuple[str, dict[str, Any]], ...]
   device: Any
   batch_levels: tuple[tuple[tuple, int], ...] = ()
+  shard_indices: tuple[tuple[slice, ...], ...] | None = None
 
   @property
   def process_index(self) -> int:
@@ -200,10 +204,12 @@ def batch_levels(transforms) -> tuple[tuple[tuple, int], ...]:
   return tuple((t[1], t[2]) for t in transforms if t[0] == "batch")
 
 
-def make_context(transforms: tuple, device) -> CallContext:
-  """The context of one call site on one device, built once at lowering."""
+def make_context(transforms: tuple, device,
+                 shard_indices: tuple | None = None) -> CallContext:
+  """The context of one call site on one device, built once at lowering
+  (per call for a partitioned call, which learns its shard's index)."""
   return CallContext(_unpack_transforms(transforms), device,
-                     batch_levels(transforms))
+                     batch_levels(transforms), shard_indices)
 
 
 def run(target: HostTarget, flat_args: Sequence[np.ndarray],

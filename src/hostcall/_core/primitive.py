@@ -15,9 +15,14 @@ One equation calls one host function. Its parameters:
   (JAX's own io_callback effects, with every rule JAX attaches to them);
 * ``device_index``: under a global (``jit``) view of several devices, which
   device of the computation makes the call;
+* ``sharding``: None, or a ``SingleDeviceSharding`` naming that device
+  (JAX's callbacks' parameter; it wins over ``device_index``);
 * ``delivery``: ``"sync"`` (the host function runs inside the computation,
   which waits for it) or ``"async"`` (taps only: the operands are queued and
-  a host thread delivers them; see ``asynchronous``).
+  a host thread delivers them; see ``asynchronous``);
+* ``partitioned``: under a global view of several devices, one call per
+  shard with the local shard instead of one call with the gathered value
+  (result-less calls only; see ``partitioned``).
 
 The rules, registered at the bottom of this file, in one place: abstract
 evaluation, eager evaluation, batching, JVP, transposition (of linear
@@ -41,6 +46,7 @@ from jax.interpreters import partial_eval as pe
 from hostcall import _jax_private
 from hostcall._core import (asynchronous, batched_ad, buffering,
                             control_flow, host, modes)
+from hostcall._core import partitioned as partitioned_calls
 
 hostcall_p = jex_core.Primitive("hostcall")
 hostcall_p.multiple_results = True
@@ -68,13 +74,15 @@ _jax_private.require_devices_during_lowering(hostcall_p)
 def bind(flat_args: Sequence, *, target: host.HostTarget, identity: bool,
          result_avals: tuple = (), mode: str = "ordered",
          device_index: int = 0, sharding=None,
-         delivery: str | None = None) -> list:
+         delivery: str | None = None, partitioned: bool = False) -> list:
   """Stages one host call of ``target`` on ``flat_args``; returns flat results.
 
   ``sharding``: a ``SingleDeviceSharding`` naming the device that makes the
   call under a global view of several devices (overrides ``device_index``).
   ``delivery``: ``"sync"`` or ``"async"``; None: the mode in force (see
   ``modes``). A call with results is always synchronous.
+  ``partitioned``: under a global view of several devices, one call per
+  shard instead of one with the gathered value (see ``partitioned``).
   """
   if mode not in _EFFECTS:
     raise ValueError(f"mode must be one of {sorted(_EFFECTS)}, got {mode!r}")
@@ -87,7 +95,8 @@ def bind(flat_args: Sequence, *, target: host.HostTarget, identity: bool,
   return hostcall_p.bind(
       *flat_args, target=target, transforms=(), identity=identity,
       result_avals=tuple(result_avals), mode=mode,
-      device_index=device_index, sharding=sharding, delivery=delivery)
+      device_index=device_index, sharding=sharding, delivery=delivery,
+      partitioned=bool(partitioned))
 
 
 # io callbacks carry JAX's own IO effects, so that every rule JAX applies to
@@ -120,9 +129,9 @@ def _impl(*args, **params):
 
 
 def _run_inline(*args, target, transforms, identity, result_avals, mode,
-                device_index, sharding, delivery):
+                device_index, sharding, delivery, partitioned):
   """Under ``jax.disable_jit()``: call the host function right here."""
-  del result_avals, mode, device_index, sharding, delivery
+  del result_avals, mode, device_index, sharding, delivery, partitioned
   devices = [d for a in args if isinstance(a, jax.Array) for d in a.devices()]
   device = devices[0] if devices else jax.devices()[0]
   results = host.run(target, [np.asarray(a) for a in args],
@@ -201,7 +210,11 @@ def _transpose_rule(cts, *args, target, transforms, identity, **params):
   if identity:
     # A tap is linear in what it taps (it is the identity): under reverse
     # mode, a tap of tangents becomes a tap of their cotangents, told so by
-    # a "transpose" entry, as in the legacy module.
+    # a "transpose" entry, as in the legacy module; a tap whose result
+    # nothing used has no cotangent to show, and the legacy module dropped
+    # it.
+    if all(type(c) is ad.Zero for c in cts):
+      return [None] * len(args)
     cts = [batched_ad.instantiate(c) if type(c) is ad.Zero else c
            for c in cts]
     outs = hostcall_p.bind(*cts, target=target, identity=True,
@@ -268,12 +281,16 @@ def _device_resolver(ctx, device_index: int):
 
 
 def _lowering(ctx, *args, target, transforms, identity, result_avals, mode,
-              device_index, sharding, delivery):
+              device_index, sharding, delivery, partitioned):
   devices, partition = _device_resolver(ctx, device_index)
   axis_context = ctx.module_context.axis_context
   chosen = None
-  if (isinstance(axis_context, _jax_private.ShardingContext)
-      and axis_context.num_devices > 1):
+  global_view = (isinstance(axis_context, _jax_private.ShardingContext)
+                 and axis_context.num_devices > 1)
+  if global_view and partitioned and not result_avals:
+    _lower_partitioned(ctx, args, target, transforms, mode, delivery)
+    return list(args) if identity else []
+  if global_view:
     # Global view of several devices: one call, made by the chosen device.
     chosen = sharding or jax.sharding.SingleDeviceSharding(devices)
     devices = next(iter(chosen.device_set))
@@ -304,6 +321,36 @@ def _lowering(ctx, *args, target, transforms, identity, result_avals, mode,
     results = [_jax_private.replicated(ctx, r, a)
                for r, a in zip(results, result_avals)]
   return list(args) if identity else list(results)
+
+
+def _lower_partitioned(ctx, args, target, transforms, mode, delivery):
+  """One call per shard; no token can ride along (see ``partitioned``)."""
+  axis_context = ctx.module_context.axis_context
+  operands, operand_avals = partitioned_calls.operands(
+      ctx, args, ctx.avals_in, axis_context.num_devices)
+  unpack = functools.partial(
+      partitioned_calls.unpack, global_avals=list(ctx.avals_in),
+      devices=tuple(axis_context.device_assignment), transforms=transforms)
+  if delivery == "async":
+    site = asynchronous.sites.add(target, unpack)
+
+    def callback(*flat):
+      asynchronous.delivery.push(site, list(flat))
+      return ()
+  else:
+    def callback(*flat):
+      unpacked = unpack(flat)
+      if unpacked is not None:
+        host.run(target, *unpacked)
+      return ()
+
+  mlir.emit_python_callback(
+      ctx.replace(avals_in=operand_avals, avals_out=[]), callback, None,
+      operands, operand_avals, [], has_side_effect=True, returns_token=False,
+      partitioned=True)
+  effect = _EFFECTS[mode]
+  if mode in _ORDERED_MODES:  # passes the order through, unused
+    ctx.set_tokens_out(mlir.TokenSet({effect: ctx.tokens_in.get(effect)}))
 
 
 def _lower_python_call(ctx, target, contexts, token, operands, operand_avals,

@@ -32,7 +32,7 @@ def with_rules(callback, jvp, vjp, finite_differences):
 
 
 def stage(flavour: str, callback: Callable, result_shape_dtypes, args: tuple,
-          kwargs: dict, *, mode: str, sharding=None,
+          kwargs: dict, *, mode: str, sharding=None, partitioned=False,
           vmap_method: str | None,
           vmap_error: Callable[[], Exception] | None = None,
           jvp_error: Callable[[], Exception] | None = None) -> Any:
@@ -56,6 +56,12 @@ def stage(flavour: str, callback: Callable, result_shape_dtypes, args: tuple,
       flavour=flavour, callback=callback, in_tree=in_tree,
       result_tree=out_tree, result_avals=out_avals, vmap_method=vmap_method,
       vmap_error=vmap_error, jvp_error=jvp_error, derivatives=derivs)
+  if partitioned and out_avals:
+    raise ValueError(
+        f"{flavour}: partitioned=True calls the host once per shard and "
+        "cannot return results (JAX: Partitioned callback not supported with "
+        "return values). Declare no result, or drop partitioned=True.")
   outs = bind(flat, target=CallbackTarget(spec), identity=False,
-              result_avals=out_avals, mode=mode, sharding=sharding)
+              result_avals=out_avals, mode=mode, sharding=sharding,
+              partitioned=partitioned)
   return jax.tree_util.tree_unflatten(out_tree, outs)

@@ -49,13 +49,14 @@ class _WithStatic:
     self.fn(*args, **kwargs)
 
 
-def _stage_debug(flavour, fn, args, kwargs, ordered):
+def _stage_debug(flavour, fn, args, kwargs, ordered, partitioned):
   flat, in_tree = jax.tree_util.tree_flatten((args, kwargs))
   static = {i: leaf for i, leaf in enumerate(flat) if not is_array_like(leaf)}
   dynamic = [leaf for leaf in flat if is_array_like(leaf)]
   _stage.stage(flavour, _WithStatic(fn, in_tree, static), None,
                tuple(dynamic), {}, mode="ordered" if ordered else "unordered",
-               vmap_method="sequential", jvp_error=None)
+               partitioned=partitioned, vmap_method="sequential",
+               jvp_error=None)
 
 
 def debug_callback(callback: Callable[..., None] | None = None, *args: Any,
@@ -69,8 +70,11 @@ def debug_callback(callback: Callable[..., None] | None = None, *args: Any,
       non-array arguments as given); its return value is ignored.
     *args, **kwargs: what to pass it.
     ordered: sequence this call with the other ordered callbacks.
-    partitioned: accepted for compatibility; the value is always the global
-      one (see docs/compatibility.md).
+    partitioned: as in JAX: under ``jit`` of arrays sharded over several
+      devices, call once per shard with the local shard instead of once
+      with the gathered value (no all-gather); the shards' places in the
+      global arrays are in ``hostcall.call_context().shard_indices``. Such
+      calls are not ordered.
 
   Returns:
     None (or, in the two-call form, the function taking the callback).
@@ -86,11 +90,10 @@ def debug_callback(callback: Callable[..., None] | None = None, *args: Any,
     x = 0
     x = 1
   """
-  del partitioned
-
   def staged(fn, *c_args, **c_kwargs):
     check_callable(fn, "debug_callback's callback")
-    _stage_debug("debug_callback", fn, c_args, c_kwargs, ordered)
+    _stage_debug("debug_callback", fn, c_args, c_kwargs, ordered,
+                 partitioned)
 
   return _one_or_two_calls("debug_callback", staged, callback, args, kwargs)
 
@@ -194,7 +197,7 @@ def debug_print(fmt: str | None = None, *args: Any, ordered: bool = False,
     fmt: a format string, with ``{}`` placeholders (not an f-string).
     *args, **kwargs: the values to format.
     ordered: sequence this print with the other ordered callbacks.
-    partitioned: accepted for compatibility, as for ``debug_callback``.
+    partitioned: print each shard where it is, as for ``debug_callback``.
     skip_format_check: as in JAX: do not check ``fmt`` against the
       arguments when tracing.
 
@@ -215,7 +218,7 @@ def debug_print(fmt: str | None = None, *args: Any, ordered: bool = False,
       has_placeholders = field is not None
     printer = _Printer(fmt, tuple(np.get_printoptions().items()),
                        has_placeholders)
-    _stage_debug("debug_print", printer, c_args, c_kwargs, ordered)
+    _stage_debug("debug_print", printer, c_args, c_kwargs, ordered,
+                 partitioned)
 
-  del partitioned
   return _one_or_two_calls("debug_print", staged, fmt, args, kwargs)

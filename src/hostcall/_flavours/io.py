@@ -28,7 +28,8 @@ def io_callback(callback: Callable[..., Any], result_shape_dtypes: Any,
                 vmap_method: str | None = None, jvp: Callable | None = None,
                 vjp: Callable | None = None,
                 finite_differences: bool | float | None = None,
-                differentiable: bool = True, **kwargs: Any):
+                differentiable: bool = True, partitioned: bool = False,
+                **kwargs: Any):
   """Calls an impure host function; ``jax.experimental.io_callback``'s drop-in.
 
   The callback always runs, even when its result is unused, and with
@@ -54,6 +55,10 @@ def io_callback(callback: Callable[..., Any], result_shape_dtypes: Any,
     differentiable: hostcall's extra; ``False`` declares the results
       constants for differentiation (zero tangents), so the call runs under
       ``grad`` on primal values.
+    partitioned: hostcall's extra, for a callback without results: under
+      ``jit`` of arrays sharded over several devices, one call per shard
+      with the local shard (no all-gather), its place in
+      ``hostcall.call_context().shard_indices``; not ordered.
 
   Returns:
     The callback's result, as JAX arrays in the ``result_shape_dtypes`` tree.
@@ -83,6 +88,7 @@ def io_callback(callback: Callable[..., Any], result_shape_dtypes: Any,
   callback = _stage.with_rules(callback, jvp, vjp, finite_differences)
   return _stage.stage("io_callback", callback, result_shape_dtypes, args,
                       kwargs, mode="io_ordered" if ordered else "io",
-                      sharding=sharding, vmap_method=vmap_method,
+                      sharding=sharding, partitioned=partitioned,
+                      vmap_method=vmap_method,
                       vmap_error=_ordered_vmap_refused,
                       jvp_error=_no_jvp if differentiable else None)
