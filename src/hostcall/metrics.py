@@ -11,8 +11,10 @@
 
 from hostcall._apps.metrics import Run, read
 from hostcall._apps.plot import plot
-from hostcall._apps.writers import (Block, CsvWriter, JsonlWriter,
-                                    MemoryWriter, TensorBoardWriter, Writer)
+from hostcall._apps.writers import (Block, CsvWriter, IncompleteRowsWarning,
+                                    JsonlWriter, MemoryWriter,
+                                    TensorBoardWriter, Writer)
 
-__all__ = ["Block", "CsvWriter", "JsonlWriter", "MemoryWriter", "Run",
-           "TensorBoardWriter", "Writer", "plot", "read"]
+__all__ = ["Block", "CsvWriter", "IncompleteRowsWarning", "JsonlWriter",
+           "MemoryWriter", "Run", "TensorBoardWriter", "Writer", "plot",
+           "read"]

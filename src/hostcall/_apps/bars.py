@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 import math
 import threading
 import time
@@ -104,8 +105,12 @@ class Bars:
     self._invocations: collections.Counter = collections.Counter()
     # Bars stay findable after closing, for devices that open them late.
     self._bars: collections.OrderedDict = collections.OrderedDict()
-    self._current: dict[tuple, _Bar] = {}  # (site, device) -> its open bar
-    self._paces: dict[tuple, tuple[float, int]] = {}
+    # An invocation's handle -> (bar or None where not drawn, device, the
+    # thread that opened it, when).
+    self._open: dict[int, tuple] = {}
+    self._handles = itertools.count(1)
+    self._paces: dict[int, tuple[float, int]] = {}
+    self._steps: dict[tuple, int] = {}  # (site, device) -> track()'s handle
 
   def site(self, spec: BarSpec) -> int:
     """The site number of a loop; equal specs share one (and a compilation)."""
@@ -115,89 +120,106 @@ class Bars:
         self._by_site.append(spec)
       return self._specs[spec]
 
-  def open(self, site: int, device, total: int | None, context=None) -> None:
-    """Opens (or joins) the bar of this device's next invocation of the
-    loop."""
+  def open(self, site: int, device, total: int | None, context=None) -> int:
+    """Opens (or joins, for another device) the bar of this device's next
+    invocation of the loop; returns the invocation's handle."""
     with self._lock:
-      self._end(site, device, stopped=True)  # one that never closed
       spec = self._by_site[site]
       index = self._invocations[(site, device)]
       self._invocations[(site, device)] += 1
-      self._paces[(site, device)] = (time.monotonic(), 0)
-      if (context is not None and not spec.all_processes and
-          context.process_index != 0):
-        return  # drawn by process 0 only
-      bar = self._bars.get((site, index))
-      if bar is None:
-        bar = self._bars[(site, index)] = _Bar(spec, total)
-        while len(self._bars) > 1024:
-          self._bars.popitem(last=False)
-      if bar.is_open:
-        bar.counts[device] = 0
-        self._current[(site, device)] = bar
+      handle = next(self._handles) & 0x7FFFFFFF
+      bar = None
+      if (context is None or spec.all_processes or
+          context.process_index == 0):  # else drawn by process 0 only
+        bar = self._bars.get((site, index))
+        if bar is None:
+          bar = self._bars[(site, index)] = _Bar(spec, total)
+          while len(self._bars) > 1024:
+            self._bars.popitem(last=False)
+        if bar.is_open:
+          bar.counts[device] = 0
+        else:
+          bar = None
+      self._open[handle] = (bar, device, threading.get_ident(),
+                            time.monotonic())
+      self._paces[handle] = (time.monotonic(), 0)
+      return handle
 
-  def tick(self, site: int, device, count: int, lanes: int | None = None,
+  def tick(self, handle: int, device, count: int, lanes: int | None = None,
            running: int | None = None) -> None:
     with self._lock:
-      bar = self._current.get((site, device))
-      if bar is None:
-        return  # not drawn here
+      bar = self._open.get(handle, (None,))[0]
+      if bar is None or not bar.is_open:
+        return  # not drawn here, or already closed
       bar.counts[device] = max(count, bar.counts[device])
       bar.lanes = lanes
       if running is not None:
         bar.running[device] = running
       bar.show()
 
-  def close(self, site: int, device, count: int,
+  def close(self, handle: int, device, count: int,
             lanes: int | None = None) -> None:
     with self._lock:
-      bar = self._current.get((site, device))
-      if bar is not None:
+      bar = self._open.get(handle, (None,))[0]
+      if bar is not None and bar.is_open:
         bar.counts[device] = count
         bar.lanes = lanes
         bar.running.pop(device, None)
-        self._end(site, device)
+      self._end(handle)
 
   def step(self, site: int, device, steps: int, lanes: int | None,
            context=None) -> None:
     """``steps`` more steps of a loop whose body alone is decorated: the
     first opens a bar, reaching the spec's total closes it."""
     with self._lock:
-      if (site, device) not in self._current:
-        self.open(site, device, self._by_site[site].total, context)
-      bar = self._current.get((site, device))
-      if bar is None:
+      handle = self._steps.get((site, device))
+      if handle is None or handle not in self._open:
+        handle = self._steps[(site, device)] = self.open(
+            site, device, self._by_site[site].total, context)
+      bar = self._open[handle][0]
+      if bar is None or not bar.is_open:
         return
       bar.counts[device] += steps
       bar.lanes = lanes
       bar.show()
       total = self._by_site[site].total
       if total is not None and bar.counts[device] >= total:
-        self._end(site, device)
+        self._end(handle)
 
-  def pace(self, site: int, device) -> int:
+  def pace(self, handle: int, device) -> int:
     """How many steps a while_loop runs before its next tick: about
     ``TICK_INTERVAL`` seconds' worth at the rate measured so far."""
+    del device
     with self._lock:
       now = time.monotonic()
-      then, steps = self._paces.get((site, device), (now, 0))
+      then, steps = self._paces.get(handle, (now, 0))
       if steps == 0:
         following = 1
       else:
         rate = steps / max(now - then, 1e-6)
         following = int(min(max(rate * TICK_INTERVAL, 1), 2 * steps))
       following = min(following, 1 << 30)
-      self._paces[(site, device)] = (now, following)
+      self._paces[handle] = (now, following)
       return following
 
-  def close_all(self, stopped: bool = False) -> None:
-    """Closes every open bar (their loops ended without closing them)."""
+  def close_all(self, stopped: bool = False, thread: int | None = None,
+                opened_before: float | None = None) -> None:
+    """Closes the open bars (of invocations opened by ``thread``, or before
+    ``opened_before``, and every ``track`` counter): their loops ended
+    without closing them."""
     with self._lock:
-      for site, device in list(self._current):
-        self._end(site, device, stopped=stopped)
+      counters = set(self._steps.values())
+      for handle, (_, _, opener, opened) in list(self._open.items()):
+        if thread is not None and opener != thread:
+          continue
+        if (opened_before is not None and opened >= opened_before
+            and handle not in counters):
+          continue
+        self._end(handle, stopped=stopped)
 
-  def _end(self, site, device, stopped: bool = False) -> None:
-    bar = self._current.pop((site, device), None)
+  def _end(self, handle: int, stopped: bool = False) -> None:
+    bar, device, _, _ = self._open.pop(handle, (None, None, None, None))
+    self._paces.pop(handle, None)
     if bar is None or not bar.is_open:
       return
     bar.closed.add(device)
@@ -214,15 +236,20 @@ bars = Bars()
 
 def _computation_failed() -> None:
   # Its loops will send no more events: deliver those already queued, then
-  # close what they opened.
+  # close what it opened (from the thread that runs it and now fails).
   from hostcall._core import asynchronous
   asynchronous.delivery.drain(timeout=5.0)
-  bars.close_all(stopped=True)
+  bars.close_all(stopped=True, thread=threading.get_ident())
+
+
+def _after_barrier() -> None:
+  # A loop whose computation failed elsewhere never closed its bar either:
+  # every computation started before the barrier has ended.
+  bars.close_all(opened_before=host.barrier_started())
 
 
 host.add_abort_hook(_computation_failed)
-# A loop whose computation failed elsewhere never closed its bar either.
-host.add_barrier_hook(bars.close_all)
+host.add_barrier_hook(_after_barrier)
 
 
 def lanes_of(context) -> int | None:

@@ -17,7 +17,6 @@ import os
 import pathlib
 import queue
 import threading
-import traceback
 from typing import Any, Iterable
 
 import jax
@@ -25,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hostcall._apps import writers as _writers
-from hostcall._core import bind, host
+from hostcall._core import bind, errors, host
 
 _run_ids = itertools.count()
 _open_runs: list["Run"] = []
@@ -35,6 +34,7 @@ class _LogTarget(host.HostTarget):
   """The host side of one ``Run.log`` call site."""
 
   delivery = "async"  # the device never waits for the writers
+  remat = "once"  # a rematerialised step must not log its rows twice
 
   def __init__(self, run: "Run", names: tuple[str, ...], has_step: bool):
     super().__init__(("metrics", run.id, names, has_step))
@@ -80,12 +80,61 @@ class _LogTarget(host.HostTarget):
                                  member, device))
 
 
+class _Writers:
+  """The one thread that hands blocks to every run's writers, so that a
+  slow disk never slows the device nor the delivery of other callbacks (and
+  runs left open cost no thread each)."""
+
+  def __init__(self):
+    self._queue: queue.SimpleQueue = queue.SimpleQueue()
+    self._lock = threading.Lock()
+    self._thread: threading.Thread | None = None
+
+  def put(self, run: "Run", block) -> None:
+    with self._lock:
+      if self._thread is None:
+        self._thread = threading.Thread(target=self._loop, daemon=True,
+                                        name="hostcall-metrics-writer")
+        self._thread.start()
+    self._queue.put((run, block))
+
+  def _loop(self) -> None:
+    while True:
+      run, block = self._queue.get()
+      try:
+        run._write(block)
+      except BaseException:  # noqa: BLE001 - the writer thread never dies
+        host.logger.exception("hostcall: metrics writing failed")
+
+
+_writer_thread = _Writers()
+
+
+def _run_dir(root, name) -> pathlib.Path:
+  """``root/name``, refusing a name that is not a plain relative path."""
+  if not isinstance(name, str) or not name or "\0" in name:
+    raise ValueError(f"a run name is a non-empty string without NUL bytes, "
+                     f"e.g. Run('fit'); got {name!r}.")
+  relative = pathlib.PurePath(name)
+  if relative.is_absolute() or ".." in relative.parts:
+    raise ValueError(
+        f"a run name is a relative path inside the runs directory ({root}); "
+        f"got {name!r}, which would write elsewhere. Pass root= to choose "
+        "the directory, e.g. Run('fit', root='/data/runs').")
+  root = pathlib.Path(root)
+  path = root / relative
+  if not path.resolve().is_relative_to(root.resolve()):
+    raise ValueError(f"the run name {name!r} leads outside {root} (through "
+                     "a symbolic link); choose another name or root=.")
+  return path
+
+
 class Run:
   """A named run whose metrics are logged from inside ``jit``, ``scan``,
   ``vmap`` and ``grad``, without the device waiting for the disk.
 
   Arguments:
-    name: the run's name; files go to ``<root>/<name>/``.
+    name: the run's name, a relative path; files go to ``<root>/<name>/``.
     root: the directory of runs (default ``runs``).
     writers: where rows go: ``"jsonl"`` (``metrics.jsonl``, the default),
       ``"csv"`` (``metrics.csv``), ``"tensorboard"`` (event files in
@@ -99,6 +148,11 @@ class Run:
   devices, rows carry the ``device`` id that logged them (under
   ``shard_map`` and ``pmap`` each device logs its own values). In a job of
   several processes give each process its own run name.
+
+  Creating a run of the same directory as a run still open in this process
+  (a notebook cell run again) replaces it: the old run is flushed and
+  closed, and whatever still logs to the old object (a function compiled
+  before) logs to the new run.
 
   Example:
     >>> import jax, jax.numpy as jnp, hostcall
@@ -121,21 +175,26 @@ class Run:
       writers = [writers]
     self.id = next(_run_ids)
     self.name = name
-    self.dir = pathlib.Path(root) / name
+    self.dir = _run_dir(root, name)
+    self._successor: Run | None = None
+    for old in [r for r in _open_runs if r.dir.resolve() == self.dir.resolve()]:
+      old._hand_over(self)  # one writer per file, never two
     self.writers = [_writers.make(w, self.dir) for w in writers]
     self._next_step = 0
-    self._queue: queue.SimpleQueue = queue.SimpleQueue()
     self._lock = threading.Lock()
     self._written = threading.Condition(self._lock)
     self._put_count = self._done_count = 0
-    self._thread = threading.Thread(target=self._write_loop, daemon=True,
-                                    name=f"hostcall-metrics-{name}")
-    self._thread.start()
     self._closed = False
     _open_runs.append(self)
 
   def __repr__(self):
     return f"hostcall.metrics.Run({self.name!r}, dir={str(self.dir)!r})"
+
+  def _current(self) -> "Run":
+    run = self
+    while run._successor is not None:
+      run = run._successor
+    return run
 
   def log(self, step=None, /, **metrics) -> None:
     """Logs ``metrics`` (scalars or small arrays) at ``step``.
@@ -143,13 +202,15 @@ class Run:
     Arguments:
       step: the step number (an int or an integer array, traced or not);
         None numbers the calls of this run on the host 0, 1, 2, ...
-      **metrics: name=value; JAX or NumPy arrays or Python numbers.
+      **metrics: name=value; JAX or NumPy arrays or Python numbers. Any
+        string is a valid name.
 
     Works inside and outside ``jit``; returns nothing. The values reach the
     writers asynchronously (see ``hostcall.set_delivery``).
     """
-    if self._closed:
-      raise RuntimeError(f"{self!r} is closed; open a new Run to log more.")
+    run = self._current()
+    if run._closed:
+      raise RuntimeError(f"{run!r} is closed; open a new Run to log more.")
     if not metrics:
       raise TypeError("Run.log needs at least one metric, e.g. "
                       "run.log(step, loss=loss).")
@@ -167,7 +228,7 @@ class Run:
         raise TypeError(f"step must be an integer (traced or not), got "
                         f"{step!r}; pass it first: run.log(step, loss=...)")
       operands.insert(0, jnp.asarray(step))
-    target = _LogTarget(self, names, step is not None)
+    target = _LogTarget(run, names, step is not None)
     bind(operands, target=target, identity=False, delivery=target.delivery)
 
   def flush(self) -> None:
@@ -180,20 +241,39 @@ class Run:
           "Call it after the JAX call returns.")
     from hostcall._core import asynchronous
     asynchronous.wait()
-    self._drain()
+    self._current()._drain()
 
   def close(self) -> None:
     """Flushes and closes the writers; later ``log`` calls raise."""
-    if self._closed:
+    run = self._current()
+    if run._closed:
       return
-    self.flush()
+    run.flush()
+    run._close_writers()
+
+  def _close_writers(self) -> None:
     self._closed = True
-    self._queue.put(None)
-    self._thread.join()
-    for writer in self.writers:
-      writer.close()
     if self in _open_runs:
       _open_runs.remove(self)
+    failures = []
+    for writer in self.writers:
+      try:
+        writer.close()
+      except BaseException as exc:  # noqa: BLE001 - close every writer
+        failures.append(exc)
+    if failures:
+      raise failures[0]
+
+  def _hand_over(self, successor: "Run") -> None:
+    """Flushes and closes this run; what it still gets goes to
+    ``successor``."""
+    try:
+      self._drain()
+    finally:
+      try:
+        self._close_writers()
+      finally:
+        self._successor = successor
 
   def __enter__(self) -> "Run":
     return self
@@ -204,10 +284,11 @@ class Run:
   def records(self) -> list[dict[str, Any]]:
     """Every row logged so far, as dicts (after a flush)."""
     self.flush()
-    for writer in self.writers:
+    run = self._current()
+    for writer in run.writers:
       if isinstance(writer, _writers.MemoryWriter):
         return writer.records()
-    return _writers.read_records(self.dir)
+    return _writers.read_records(run.dir)
 
   def dataframe(self):
     """Every row logged so far as a pandas DataFrame (after a flush)."""
@@ -227,22 +308,21 @@ class Run:
     return np.full(rows, device.id)
 
   def _put(self, block: _writers.Block) -> None:
-    with self._lock:
-      self._put_count += 1
-    self._queue.put(block)
+    run = self._current()
+    with run._lock:
+      run._put_count += 1
+    _writer_thread.put(run, block)
 
-  def _write_loop(self) -> None:
-    while True:
-      block = self._queue.get()
-      if block is None:
-        return
+  def _write(self, block) -> None:
+    try:
       for writer in self.writers:
         try:
           writer.write(block)
-        except Exception as exc:  # noqa: BLE001 - other writers still write
+        except BaseException as exc:  # noqa: BLE001 - others still write
           host.logger.error("hostcall: metrics writer %r failed", writer,
                             exc_info=True)
-          host.errors.record(exc, traceback.format_exc())
+          host.errors.record(exc, errors.format_safely(exc))
+    finally:
       with self._written:
         self._done_count += 1
         self._written.notify_all()
@@ -254,8 +334,8 @@ class Run:
     for writer in self.writers:
       try:
         writer.flush()
-      except Exception as exc:  # noqa: BLE001
-        host.errors.record(exc, traceback.format_exc())
+      except BaseException as exc:  # noqa: BLE001
+        host.errors.record(exc, errors.format_safely(exc))
 
 
 @functools.cache
@@ -290,7 +370,11 @@ def _close_all_at_exit() -> None:
     asynchronous.wait()
   finally:
     for run in list(_open_runs):
-      run.close()
+      try:  # one run's failure (a full disk) never costs another its rows
+        run._drain()
+        run._close_writers()
+      except BaseException:  # noqa: BLE001
+        host.logger.exception("hostcall: closing %r at exit failed", run)
 
 
 host.add_barrier_hook(_flush_all)

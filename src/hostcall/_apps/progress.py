@@ -38,6 +38,7 @@ class _Target(host.HostTarget):
   lane at once. Subclasses name their ``kind`` of event."""
 
   kind: str
+  remat = "once"  # a bar's events happen once, rematerialised or not
 
   def __init__(self, site: int):
     super().__init__(("progress", self.kind, site))
@@ -50,42 +51,52 @@ class _Target(host.HostTarget):
     return None  # step counts: nothing to differentiate
 
 
+def _handle(value) -> int:
+  """The invocation handle an event carries (the same in every lane)."""
+  return int(np.asarray(value).reshape(-1)[0])
+
+
 class _Open(_Target):
-  """Opens the bar of one invocation: ``(count0, total)``, passed through
-  (the loop starts from ``count0``, so it waits for the open)."""
+  """Opens the bar of one invocation: ``(total,)``; returns the invocation's
+  handle, which the loop's other events carry (the loop cannot start before
+  its open, and a bar never mixes two invocations)."""
 
   kind = "open"
   bufferable = False
+  returns_results = True
 
   def deliver(self, flat_args, context):
-    total = int(np.asarray(flat_args[1]).reshape(-1)[0])
-    _bars.bars.open(self.site, context.device, None if total < 0 else total,
-                    context)
-    return ()
+    total = int(np.asarray(flat_args[0]).reshape(-1)[0])
+    handle = _bars.bars.open(self.site, context.device,
+                             None if total < 0 else total, context)
+    lanes = tuple(size for _, size in reversed(context.batch_levels))
+    return [np.full(lanes, handle, np.int32)]
 
 
 class _Close(_Target):
-  """Closes an invocation's bar when its loop ends: ``(count, witness)``."""
+  """Closes an invocation's bar when its loop ends:
+  ``(handle, count, witness)``."""
 
   kind = "close"
   bufferable = False
 
   def deliver(self, flat_args, context):
-    _bars.bars.close(self.site, context.device,
-                     _bars.last_count(flat_args[0]), _bars.lanes_of(context))
+    handle, count, _ = flat_args
+    _bars.bars.close(_handle(handle), context.device, _bars.last_count(count),
+                     _bars.lanes_of(context))
     return ()
 
 
 class _Tick(_Target):
-  """The step count after a chunk: ``(count, witness[, running])``."""
+  """The step count after a chunk: ``(handle, count, witness[, running])``."""
 
   kind = "tick"
   bufferable = False
 
   def deliver(self, flat_args, context):
-    count, _, *active = flat_args
+    handle, count, _, *active = flat_args
     running = int(np.count_nonzero(active[0])) if active else None
-    _bars.bars.tick(self.site, context.device, _bars.last_count(count),
+    _bars.bars.tick(_handle(handle), context.device, _bars.last_count(count),
                     _bars.lanes_of(context), running)
     return ()
 
@@ -114,7 +125,9 @@ class _Pace(_Target):
   bufferable = False
 
   def deliver(self, flat_args, context):
-    return [np.int32(_bars.bars.pace(self.site, context.device))]
+    steps = _bars.bars.pace(_handle(flat_args[0]), context.device)
+    lanes = tuple(size for _, size in reversed(context.batch_levels))
+    return [np.full(lanes, steps, np.int32)]
 
 
 # Device side -----------------------------------------------------------------
@@ -152,7 +165,7 @@ def _spec(desc, total, unit, leave, file, all_processes, options):
       all_processes=bool(all_processes), options=items)
 
 
-_STEPS_AVAL = jax.core.ShapedArray((), jnp.int32)
+_INT_AVAL = jax.core.ShapedArray((), jnp.int32)
 
 
 # The bar's events are asynchronous taps: the device copies a few numbers
@@ -161,12 +174,13 @@ _STEPS_AVAL = jax.core.ShapedArray((), jnp.int32)
 # queue keeps the order in which the device sent them.
 
 
-def _open(site, total) -> jax.Array:
-  """Returns the loop's initial step count, which waits for the open."""
-  count, _ = bind([jnp.int32(0), jnp.asarray(total, jnp.int32)],
-                  target=_Open(site), identity=True, delivery="async",
-                  mode="unordered")
-  return count
+def _open(site, total) -> tuple[jax.Array, jax.Array]:
+  """The invocation's handle, and the loop's initial step count, which
+  waits for it."""
+  (handle,) = bind([jnp.asarray(total, jnp.int32)], target=_Open(site),
+                   identity=False, result_avals=(_INT_AVAL,),
+                   mode="unordered")
+  return handle, jnp.zeros_like(handle)
 
 
 def _witness(tree) -> jax.Array:
@@ -182,18 +196,18 @@ def _witness(tree) -> jax.Array:
   return witness
 
 
-def _tick(site, count, results, *active):
+def _tick(site, handle, count, results, *active):
   # Reading the chunk's results keeps the tick after the chunk's steps.
-  bind([count, _witness(results), *active], target=_Tick(site),
+  bind([handle, count, _witness(results), *active], target=_Tick(site),
        identity=False, delivery="async", mode="unordered")
 
 
-def _close(site, count, results):
+def _close(site, handle, count, results):
   # The runtime starts an operation when its input buffers are ready, and
   # XLA may know a loop's final step count without running it (an induction
   # variable): reading the loop's results makes the close wait for its end.
-  bind([count, _witness(results)], target=_Close(site), identity=False,
-       delivery="async", mode="unordered")
+  bind([handle, count, _witness(results)], target=_Close(site),
+       identity=False, delivery="async", mode="unordered")
 
 
 def _check_every(every):
@@ -256,12 +270,13 @@ def scan(f: Callable, init, xs=None, length: int | None = None,
       carry, y = f(carry, x)
     return (count + 1, carry), y
 
-  count = _open(site, steps)
+  handle, count = _open(site, steps)
   (count, carry), ys = buffering.scan(
       body, (count, init), xs, length=length, reverse=reverse,
       unroll=unroll, every=every,
-      after_chunk=lambda state, ys: _tick(site, state[0], (state, ys)))
-  _close(site, count, (carry, ys))
+      after_chunk=lambda state, ys: _tick(site, handle, state[0],
+                                          (state, ys)))
+  _close(site, handle, count, (carry, ys))
   return carry, ys
 
 
@@ -354,8 +369,8 @@ def _while(cond_fun, body_fun, init_val, total, *, desc, every, unit, leave,
   def chunk(state):
     count, carry = state
     if every is None:
-      (steps,) = bind([], target=pace, identity=False,
-                      result_avals=(_STEPS_AVAL,), mode="unordered")
+      (steps,) = bind([handle], target=pace, identity=False,
+                      result_avals=(_INT_AVAL,), mode="unordered")
     else:
       steps = every
 
@@ -370,13 +385,13 @@ def _while(cond_fun, body_fun, init_val, total, *, desc, every, unit, leave,
 
     _, count, carry = lax.while_loop(inner_cond, inner_body,
                                      (jnp.int32(0), count, carry))
-    _tick(site, count, carry, cond_fun(carry))
+    _tick(site, handle, count, carry, cond_fun(carry))
     return count, carry
 
-  count = _open(site, total)
+  handle, count = _open(site, total)
   count, carry = lax.while_loop(lambda state: cond_fun(state[1]), chunk,
                                 (count, init_val))
-  _close(site, count, carry)
+  _close(site, handle, count, carry)
   return carry
 
 

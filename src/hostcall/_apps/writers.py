@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 import json
 import os
 import pathlib
+import warnings
 from typing import Any
 
 import numpy as np
@@ -107,9 +109,11 @@ class JsonlWriter(Writer):
         _texts(values, json_style=True) if values.ndim == 1 else
         [json.dumps(v) for v in _python(values)]
         for values in columns.values()]
-    line = "{" + ", ".join(f"{json.dumps(name)}: %s"
-                           for name in columns) + "}\n"
-    self._file.write("".join(line % row for row in zip(*texts)))
+    # Names are data: written as JSON strings, never as format strings.
+    keys = [json.dumps(name) + ": " for name in columns]
+    self._file.write("".join(
+        "{" + ", ".join(k + v for k, v in zip(keys, row)) + "}\n"
+        for row in zip(*texts)))
 
   def flush(self) -> None:
     if not self._file.closed:
@@ -143,7 +147,15 @@ class CsvWriter(Writer):
   def write(self, block: Block) -> None:
     columns = dict(block.index_columns())
     for name, values in block.metrics.items():
-      columns.update(_flat_columns(name, values))
+      flat = _flat_columns(name, values)
+      clash = set(flat) & set(columns)
+      if clash:
+        raise ValueError(
+            f"the CSV writer writes metric {name!r} as column(s) "
+            f"{sorted(clash)}, which another metric already takes (an array "
+            "metric 'w' takes 'w[0]', 'w[1]', ...). Rename one of them, or "
+            "use the JSON Lines writer, which keeps arrays whole.")
+      columns.update(flat)
     names = list(columns)
     if self._header is None:
       self._open(names)
@@ -284,12 +296,56 @@ def read_records(path: str | os.PathLike) -> list[dict[str, Any]]:
     raise FileNotFoundError(
         f"no run at {path}: expected a run directory (runs/<name>, written "
         "by hostcall.metrics.Run(name)) or its metrics.jsonl / metrics.csv.")
-  if path.suffix == ".csv":
-    with open(path, newline="", encoding="utf-8") as f:
-      return [{k: _number(v) for k, v in row.items() if v != ""}
-              for row in csv.DictReader(f)]
-  with open(path, encoding="utf-8") as f:
-    return [json.loads(line) for line in f if line.strip()]
+  with open(path, newline="", encoding="utf-8", errors="surrogateescape") as f:
+    text = f.read()
+  rows, dropped = (_csv_rows if path.suffix == ".csv" else _jsonl_rows)(text)
+  if dropped:
+    warnings.warn(
+        f"{path}: skipped {len(dropped)} incomplete row(s) (line(s) "
+        f"{', '.join(map(str, dropped[:10]))}{', ...' if len(dropped) > 10 else ''}"
+        "), as a process stopped while writing leaves them; the other "
+        f"{len(rows)} rows are complete.", IncompleteRowsWarning, stacklevel=3)
+  return rows
+
+
+class IncompleteRowsWarning(UserWarning):
+  """``metrics.read`` skipped rows that were cut off (a process stopped
+  mid-write) or are not rows at all."""
+
+
+def _jsonl_rows(text: str) -> tuple[list, list]:
+  rows, dropped = [], []
+  for number, line in enumerate(text.split("\n"), 1):
+    if not line.strip():
+      continue
+    try:
+      row = json.loads(line)
+    except ValueError:
+      dropped.append(number)
+      continue
+    if isinstance(row, dict):
+      rows.append(row)
+    else:
+      dropped.append(number)
+  return rows, dropped
+
+
+def _csv_rows(text: str) -> tuple[list, list]:
+  reader = csv.reader(io.StringIO(text, newline=""))
+  header = next(reader, None)
+  records = [(reader.line_num, fields) for fields in reader]
+  dropped = []
+  if records and not text.endswith(("\n", "\r")):
+    dropped.append(records.pop()[0])  # cut off before its end of line
+  rows = []
+  for number, fields in records:
+    if not fields:
+      continue
+    if len(fields) != len(header):
+      dropped.append(number)
+      continue
+    rows.append({k: _number(v) for k, v in zip(header, fields) if v != ""})
+  return rows, dropped
 
 
 def _number(text: str):

@@ -17,45 +17,99 @@ import collections
 import ctypes
 import itertools
 import logging
+import math
+import os
+import sys
 import threading
 import time
-import traceback
-from typing import Any
 
 import jax
 import ml_dtypes
 import numpy as np
 
 from hostcall import _native
-from hostcall._core import host
+from hostcall._core import errors, host
 
 logger = logging.getLogger("hostcall")
 
+_JAX_DIR = os.path.dirname(jax.__file__) + os.sep
+
 #: Default bound of queued bytes (payload plus 64 bytes an item).
 DEFAULT_CAPACITY = 64 << 20
+_MIN_CAPACITY, _MAX_CAPACITY = 1 << 16, 1 << 62
 
-# XLA FFI DataType codes (xla/ffi/api/c_api.h) to NumPy dtypes.
-_DTYPES = {
-    1: np.bool_, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64,
-    6: np.uint8, 7: np.uint16, 8: np.uint32, 9: np.uint64, 10: np.float16,
-    11: np.float32, 12: np.float64, 15: np.complex64, 16: ml_dtypes.bfloat16,
-    18: np.complex128,
-}
-_CODES = {np.dtype(v): k for k, v in _DTYPES.items()}
+# A barrier follows taps made by asynchronously delivered host functions
+# (which may run computations that tap in turn) this many rounds deep.
+_MAX_BARRIER_ROUNDS = 64
+
+
+def _bits(dtype: np.dtype) -> int:
+  """Bits an element of ``dtype`` takes in a device buffer."""
+  if dtype == jax.dtypes.float0:
+    return 8  # stored as bool
+  if dtype.itemsize == 1 and dtype.kind in "iufV":
+    for info in (ml_dtypes.iinfo, ml_dtypes.finfo):  # int4, float4_e2m1fn...
+      try:
+        return min(8, int(info(dtype).bits))
+      except (TypeError, ValueError):
+        pass
+  return dtype.itemsize * 8
+
+
+class Layout:
+  """What the bytes of one queued operand are: shape, dtype, packed size.
+
+  Fixed when a call site is lowered; the native handler copies exactly
+  ``nbytes`` per operand (sub-byte types arrive packed, low bits first).
+  """
+
+  def __init__(self, shape, dtype):
+    self.shape = tuple(int(d) for d in shape)
+    self.dtype = np.dtype(dtype)
+    self.bits = _bits(self.dtype)
+    self.count = math.prod(self.shape)
+    self.nbytes = -(-self.count * self.bits // 8)
+
+  def decode(self, raw, offset: int) -> np.ndarray:
+    if self.dtype == jax.dtypes.float0 or not self.count:
+      return np.zeros(self.shape, self.dtype)
+    if self.bits % 8 == 0:
+      return np.frombuffer(raw, self.dtype, self.count, offset).reshape(
+          self.shape)
+    codes = np.frombuffer(raw, np.uint8, self.nbytes, offset)
+    per_byte, mask = 8 // self.bits, (1 << self.bits) - 1
+    shifts = np.arange(per_byte, dtype=np.uint8) * self.bits
+    unpacked = ((codes[:, None] >> shifts) & mask).astype(np.uint8)
+    return unpacked.reshape(-1)[:self.count].view(self.dtype).reshape(
+        self.shape)
+
+
+def layouts_of(avals) -> tuple[Layout, ...] | None:
+  """The layouts of a site's operands, or None when one cannot be queued
+  natively (an extended dtype: the Python-callback path takes it)."""
+  try:
+    return tuple(Layout(a.shape, a.dtype) for a in avals)
+  except TypeError:
+    return None
 
 
 class _Sites:
-  """Call sites by id: what to deliver a queued item to."""
+  """Call sites by id: what to deliver a queued item to, and how to read it.
+
+  ``contexts`` is one ``CallContext``, a list of them indexed by the
+  device's partition id (the last operand), or a function of the operands
+  returning ``(arrays, context)`` (a partitioned call).
+  """
 
   def __init__(self):
     self._ids = itertools.count(1)
-    self._sites: dict[int, tuple[host.HostTarget, Any]] = {}
+    self._sites: dict[int, tuple] = {}
     self._lock = threading.Lock()
 
-  def add(self, target: host.HostTarget, contexts) -> int:
+  def add(self, target: host.HostTarget, contexts, layouts=None) -> int:
     with self._lock:
       site = next(self._ids)
-      self._sites[site] = (target, contexts)
+      self._sites[site] = (target, contexts, layouts)
     return site
 
   def get(self, site: int):
@@ -75,6 +129,17 @@ class _PythonQueue:
     self.pushed = 0
     self.blocked = 0
     self._cond = threading.Condition()
+    self.consumer: threading.Thread | None = None
+    self.waiting = 0
+    self._bypass = False
+
+  def become_consumer(self) -> None:
+    self.consumer = threading.current_thread()
+
+  def set_bypass(self, on: bool) -> None:
+    with self._cond:
+      self._bypass = on
+      self._cond.notify_all()
 
   def set_capacity(self, capacity: int) -> None:
     with self._cond:
@@ -84,16 +149,24 @@ class _PythonQueue:
   def push(self, site: int, arrays: list) -> None:
     size = sum(a.nbytes for a in arrays) + 64
     with self._cond:
-      if self._bytes and self._bytes + size > self.capacity:
+      # The consumer never waits for room only it can free (a host function
+      # running a computation with asynchronous taps).
+      if (self._bytes and self._bytes + size > self.capacity
+          and not self._bypass
+          and threading.current_thread() is not self.consumer):
         self.blocked += 1
+        self.waiting += 1
         self._cond.wait_for(
-            lambda: not self._bytes or self._bytes + size <= self.capacity)
+            lambda: self._bypass or not self._bytes
+            or self._bytes + size <= self.capacity)
+        self.waiting -= 1
       self._items.append((site, arrays, size))
       self._bytes += size
       self.pushed += 1
       self._cond.notify_all()
 
   def pop_batch(self, timeout: float) -> list:
+    """``(site, arrays, raw)`` items in queue order (maybe none)."""
     with self._cond:
       if not self._cond.wait_for(lambda: self._items, timeout):
         return []
@@ -101,13 +174,13 @@ class _PythonQueue:
       self._items.clear()
       self._bytes -= sum(size for _, _, size in items)
       self._cond.notify_all()
-    return [(site, arrays) for site, arrays, _ in items]
+    return [(site, arrays, None) for site, arrays, _ in items]
 
   def stats(self) -> dict:
     with self._cond:
       return {"pushed": self.pushed, "queued": len(self._items),
               "queued_bytes": self._bytes, "capacity": self.capacity,
-              "producer_waits": self.blocked}
+              "producer_waits": self.blocked, "producers_waiting": self.waiting}
 
 
 class _NativeQueue:
@@ -115,38 +188,48 @@ class _NativeQueue:
   GIL while it waits)."""
 
   BATCH = 512
-  MAX_BUFFERS = 64  # described in one call; more take a second call
 
   def __init__(self, lib, capacity: int):
     self.lib = lib
     self.set_capacity(capacity)
     self._handles = (ctypes.c_void_p * self.BATCH)()
-    self._pending: collections.deque = collections.deque()
+    self._describe = (ctypes.c_int64 * 4)()
+    # Arrays queued from Python, by key, until the consumer reaches them.
+    self._held: dict[int, list] = {}
+    self._keys = itertools.count(1)
+
+  def become_consumer(self) -> None:
+    self.lib.held.hostcall_become_consumer()
+
+  def set_bypass(self, on: bool) -> None:
+    self.lib.held.hostcall_set_bypass(int(on))
 
   def set_capacity(self, capacity: int) -> None:
     self.lib.hostcall_set_capacity(capacity)
 
   def push(self, site: int, arrays: list) -> None:
-    metas = (ctypes.c_int64 * (20 * max(1, len(arrays))))()
-    offset = 0
-    for i, a in enumerate(arrays):
-      m = 20 * i
-      metas[m], metas[m + 1] = _CODES[a.dtype], a.ndim
-      for d, size in enumerate(a.shape):
-        metas[m + 2 + d] = size
-      metas[m + 18], metas[m + 19] = offset, a.nbytes
-      offset += a.nbytes
-    data = b"".join(np.ascontiguousarray(a).tobytes() for a in arrays)
-    self.lib.hostcall_push_host(site, len(arrays), metas, data, len(data))
+    key = next(self._keys)
+    self._held[key] = arrays
+    # Through ctypes.CDLL, which releases the GIL while a full queue makes
+    # this producer wait.
+    self.lib.hostcall_push_host(site, key, sum(a.nbytes for a in arrays))
 
   def pop_batch(self, timeout: float) -> list:
-    """Up to BATCH items ``(site, arrays)``, in queue order (maybe none)."""
+    """``(site, arrays, raw)`` items in queue order (maybe none): ``arrays``
+    for items queued from Python, else ``raw``, the operands' bytes."""
     lib = self.lib
     n = lib.hostcall_pop(int(timeout * 1000), self.BATCH, self._handles)
     if not n:
       return []
-    handles = self._handles
-    items = [self._decode(handles[i]) for i in range(n)]
+    handles, desc, items = self._handles, self._describe, []
+    for i in range(n):
+      lib.held.hostcall_describe(handles[i], desc)
+      site, key, address, size = desc[0], desc[1], desc[2], desc[3]
+      if key:
+        items.append((site, self._held.pop(key, None), None))
+      else:
+        items.append((site, None, ctypes.string_at(address, size)
+                      if size else b""))
     lib.held.hostcall_release_many(handles, n)
     if n < self.BATCH:
       # Let taps gather before the next trip: the device thread then rarely
@@ -154,32 +237,30 @@ class _NativeQueue:
       time.sleep(2e-4)
     return items
 
-  def _decode(self, handle):
-    desc = (ctypes.c_int64 * (4 + 20 * self.MAX_BUFFERS))()
-    self.lib.held.hostcall_describe(handle, self.MAX_BUFFERS, desc)
-    site, n_buffers, address, size = desc[0], desc[1], desc[2], desc[3]
-    if n_buffers > self.MAX_BUFFERS:
-      desc = (ctypes.c_int64 * (4 + 20 * n_buffers))()
-      self.lib.held.hostcall_describe(handle, n_buffers, desc)
-    data = ctypes.string_at(address, size) if size else b""
-    arrays = []
-    for i in range(n_buffers):
-      meta = desc[4 + 20 * i: 24 + 20 * i]
-      dtype, rank = _DTYPES[meta[0]], meta[1]
-      count = meta[19] // np.dtype(dtype).itemsize
-      arrays.append(np.frombuffer(data, dtype, count=count, offset=meta[18])
-                    .reshape(tuple(meta[2:2 + rank])))
-    return site, arrays
-
   def stats(self) -> dict:
-    out = (ctypes.c_int64 * 5)()
+    out = (ctypes.c_int64 * 6)()
     self.lib.held.hostcall_stats(out)
     return {"pushed": out[0], "queued": out[1], "queued_bytes": out[2],
-            "capacity": out[3], "producer_waits": out[4]}
+            "capacity": out[3], "producer_waits": out[4],
+            "producers_waiting": out[5]}
+
+
+def _decode(layouts, raw: bytes) -> list:
+  arrays, offset = [], 0
+  for layout in layouts:
+    arrays.append(layout.decode(raw, offset))
+    offset += layout.nbytes
+  if offset != len(raw):
+    raise RuntimeError(f"hostcall: a queued tap has {len(raw)} bytes where "
+                       f"its call site describes {offset}")
+  return arrays
 
 
 class Delivery:
   """The queue and its consumer thread."""
+
+  #: Seconds between two looks of the watchdog at waiting producers.
+  WATCH_INTERVAL = 0.02
 
   def __init__(self):
     self._lock = threading.Lock()
@@ -188,9 +269,12 @@ class Delivery:
     self._delivered = 0
     self._done = threading.Condition()
     self.capacity = DEFAULT_CAPACITY
+    self._delivering = False  # the consumer is inside a host function
+    self._bypassing = False
 
-  @property
-  def queue(self):
+  def start(self):
+    """The queue, started (the native library loaded, the consumer thread
+    running) on first use."""
     with self._lock:
       if self._queue is None:
         lib = _native.load()
@@ -199,61 +283,120 @@ class Delivery:
         self._thread = threading.Thread(target=self._consume,
                                         name="hostcall-consumer", daemon=True)
         self._thread.start()
+        threading.Thread(target=self._watch, name="hostcall-watchdog",
+                         daemon=True).start()
         # Computations still running at exit push more taps: wait for them
         # first (JAX's own exit hook runs after ours).
         atexit.register(wait)
       return self._queue
 
+  queue = property(start)
+
   @property
   def native(self) -> bool:
-    return isinstance(self.queue, _NativeQueue)
+    return isinstance(self.start(), _NativeQueue)
 
-  def set_capacity(self, capacity: int) -> None:
-    if capacity < 1 << 16:
-      raise ValueError(f"capacity must be at least 65536 bytes, got "
-                       f"{capacity}")
+  @property
+  def is_consumer(self) -> bool:
+    """Whether the calling thread is the one delivering queued taps."""
+    return threading.current_thread() is self._thread
+
+  def set_capacity(self, capacity) -> None:
+    if (isinstance(capacity, bool) or not isinstance(capacity, int)
+        or not _MIN_CAPACITY <= capacity <= _MAX_CAPACITY):
+      raise ValueError(
+          f"the queue capacity is a number of bytes, an int from "
+          f"{_MIN_CAPACITY} (64 KiB) to 2**62; got {capacity!r}. The default "
+          f"is {DEFAULT_CAPACITY} (64 MiB).")
     self.capacity = capacity
-    self.queue.set_capacity(capacity)
+    self.start().set_capacity(capacity)
 
   def push(self, site: int, arrays: list) -> None:
-    """The Python fallback's producer (and the native path's twin)."""
-    self.queue.push(site, [np.array(a) for a in arrays])
+    """The Python-callback path's producer (the runtime reuses the buffers
+    it lends us once we return: keep copies)."""
+    self.start().push(site, [np.array(a) for a in arrays])
 
   def _consume(self) -> None:
     q = self._queue
+    q.become_consumer()
     while True:
-      for site, arrays in q.pop_batch(0.1):
+      try:
+        batch = q.pop_batch(0.1)
+      except BaseException:  # noqa: BLE001 - the consumer never dies
+        host.logger.exception("hostcall: the asynchronous queue failed")
+        time.sleep(0.01)
+        continue
+      for item in batch:
+        self._delivering = True
         try:
-          target, contexts = sites.get(site)
-          if isinstance(contexts, list):
-            *arrays, pid = arrays
-            context = contexts[int(pid)]
-          elif callable(contexts):  # a partitioned call: its shard's index
-            unpacked = contexts(arrays)
-            if unpacked is None:
-              continue
-            arrays, context = unpacked
-          else:
-            context = contexts
-          host.run(target, arrays, context, copy=False)
+          self._deliver(*item)
         except BaseException as exc:  # noqa: BLE001 - the consumer never dies
-          host.errors.record(exc, traceback.format_exc())
+          host.errors.record(exc, errors.format_safely(exc))
         finally:
+          self._delivering = False
+          if self._bypassing:
+            self._bypassing = False
+            q.set_bypass(False)
           with self._done:
             self._delivered += 1
             self._done.notify_all()
 
+  def _watch(self) -> None:
+    """Lets producers through a full queue while the consumer's host
+    function waits for a JAX computation (whose taps would wait for room
+    only the consumer frees: a deadlock)."""
+    q = self._queue
+    while True:
+      time.sleep(self.WATCH_INTERVAL)
+      try:
+        if (self._delivering and not self._bypassing
+            and q.stats()["producers_waiting"] and self._consumer_in_jax()):
+          self._bypassing = True
+          q.set_bypass(True)
+      except BaseException:  # noqa: BLE001 - the watchdog never dies
+        host.logger.exception("hostcall: the queue's watchdog failed")
+
+  def _consumer_in_jax(self) -> bool:
+    frame = sys._current_frames().get(self._thread.ident)
+    while frame is not None:
+      if frame.f_code.co_filename.startswith(_JAX_DIR):
+        return True
+      frame = frame.f_back
+    return False
+
+  @staticmethod
+  def _deliver(site: int, arrays, raw) -> None:
+    target, contexts, layouts = sites.get(site)
+    if arrays is None:
+      arrays = _decode(layouts, raw)
+    if isinstance(contexts, list):
+      *arrays, pid = arrays
+      context = contexts[int(pid)]
+    elif callable(contexts):  # a partitioned call: its shard's index
+      unpacked = contexts(arrays)
+      if unpacked is None:
+        return
+      arrays, context = unpacked
+    else:
+      context = contexts
+    host.run(target, arrays, context, asynchronous=True)
+
   def stats(self) -> dict:
-    stats = self.queue.stats()
+    stats = self.start().stats()
     with self._done:
       stats["delivered"] = self._delivered
     return stats
 
-  def drain(self, timeout: float | None = None) -> bool:
-    """Waits until every tap queued so far has been delivered."""
-    if self._queue is None or threading.current_thread() is self._thread:
+  def pushed(self) -> int:
+    return self._queue.stats()["pushed"] if self._queue is not None else 0
+
+  def drain(self, timeout: float | None = None, target: int | None = None
+            ) -> bool:
+    """Waits until every tap queued so far (or the first ``target``) has
+    been delivered."""
+    if self._queue is None or self.is_consumer:
       return True  # the consumer cannot wait for itself
-    target = self._queue.stats()["pushed"]
+    target = self.pushed() if target is None else target
     with self._done:
       return self._done.wait_for(lambda: self._delivered >= target, timeout)
 
@@ -262,9 +405,15 @@ delivery = Delivery()
 
 
 def wait() -> None:
-  """Waits for running computations, then for their queued taps."""
+  """Waits for running computations, then for their queued taps, then for
+  the taps of computations their host functions ran, and so on."""
   jax.effects_barrier()
-  delivery.drain()
+  for _ in range(_MAX_BARRIER_ROUNDS):
+    target = delivery.pushed()
+    delivery.drain(target=target)
+    jax.effects_barrier()  # computations the delivered host functions ran
+    if delivery.pushed() == target:
+      return
 
 
 def set_queue_capacity(nbytes: int) -> None:
@@ -273,8 +422,11 @@ def set_queue_capacity(nbytes: int) -> None:
   A tap that would exceed it waits (the device stalls) until the host has
   delivered enough: back-pressure, never loss. One tap larger than the
   bound still goes through alone.
+
+  Arguments:
+    nbytes: an int from 65536 to 2**62.
   """
-  delivery.set_capacity(int(nbytes))
+  delivery.set_capacity(nbytes)
 
 
 def queue_stats() -> dict:

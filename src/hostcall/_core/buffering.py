@@ -18,7 +18,6 @@ import contextlib
 import logging
 import sys
 import threading
-import traceback
 from typing import Any, Callable
 
 import jax
@@ -28,18 +27,19 @@ from jax import lax
 from jax.extend import core as jex_core
 
 from hostcall import _jax_private
-from hostcall._core import host
+from hostcall._core import errors, host
 
 _local = threading.local()
 logger = logging.getLogger("hostcall")
 
 
 class Collector:
-  """The taps bound at the top level of one trace of a loop body."""
+  """The taps bound at the top level of one trace of a loop body: each
+  ``(target, values, delivery)``."""
 
   def __init__(self, trace):
     self.trace = trace
-    self.taps: list[tuple[host.HostTarget, list]] = []
+    self.taps: list[tuple[host.HostTarget, list, str]] = []
 
   def owns(self, flat_args) -> bool:
     # Only a tap bound by the body's own trace: not one inside a cond,
@@ -53,16 +53,18 @@ class Collector:
 
   def signature(self) -> list:
     return [(target, [jax.ShapeDtypeStruct(jnp.shape(v), jnp.result_type(v))
-                      for v in values]) for target, values in self.taps]
+                      for v in values], delivery)
+            for target, values, delivery in self.taps]
 
 
-def intercept(flat_args, target: host.HostTarget) -> bool:
-  """Records a result-less tap in the active collector; True if recorded."""
+def intercept(flat_args, target: host.HostTarget, delivery: str) -> bool:
+  """Records a result-less tap (delivered as ``delivery`` asks) in the
+  active collector; True if recorded."""
   collector = getattr(_local, "collector", None)
   if (collector is None or not target.bufferable
       or not collector.owns(flat_args)):
     return False
-  collector.taps.append((target, list(flat_args)))
+  collector.taps.append((target, list(flat_args), delivery))
   return True
 
 
@@ -85,12 +87,14 @@ class FlushTarget(host.HostTarget):
   bufferable = False  # an enclosing hostcall.scan flushes its own chunks
 
   def __init__(self, taps: list, every: int):
-    super().__init__(("flush", tuple(t for t, _ in taps),
-                      tuple(len(s) for _, s in taps), every))
-    self.targets = [t for t, _ in taps]
-    self.sizes = [len(s) for _, s in taps]
-    if all(t.delivery == "async" for t in self.targets):
-      self.delivery = "async"
+    deliveries = tuple(d for _, _, d in taps)
+    super().__init__(("flush", tuple(t for t, _, _ in taps),
+                      tuple(len(s) for _, s, _ in taps), deliveries, every))
+    self.targets = [t for t, _, _ in taps]
+    self.sizes = [len(s) for _, s, _ in taps]
+    # The chunk goes asynchronously when every tap in it asked to.
+    self.delivery = ("async" if all(d == "async" for d in deliveries)
+                     else "sync")
     self._cache: dict = {}
 
   def __repr__(self):
@@ -125,6 +129,11 @@ class FlushTarget(host.HostTarget):
       offset += size
     # The hot loop of loop-buffered delivery: one host function call per tap
     # per step, as host.run would make it, without its per-call set-up.
+    # Ctrl-C or sys.exit() in a tap stops a computation that waits for the
+    # chunk; one that does not wait (asynchronous delivery) has gone on, and
+    # the chunk's other taps are delivered as a plain loop's would be.
+    stops = () if host.delivering_asynchronously() else (KeyboardInterrupt,
+                                                           SystemExit)
     outer = host.call_context()
     try:
       for step in range(n):
@@ -133,7 +142,7 @@ class FlushTarget(host.HostTarget):
           host._current.context = tap_context
           try:
             target.deliver([b[index] for b in tap_buffers], tap_context)
-          except KeyboardInterrupt:
+          except stops:
             raise
           except BaseException:  # noqa: BLE001 - later taps still run
             _failed(target)
@@ -144,7 +153,7 @@ class FlushTarget(host.HostTarget):
         try:
           target.deliver_steps([b[steps] for b in tap_buffers], n,
                                tap_context)
-        except KeyboardInterrupt:
+        except stops:
           raise
         except BaseException:  # noqa: BLE001 - later taps still run
           _failed(target)
@@ -155,8 +164,10 @@ class FlushTarget(host.HostTarget):
 
 def _failed(target) -> None:
   """Reports the exception being handled, for the next barrier."""
-  logger.error("hostcall: buffered tap %r raised", target, exc_info=True)
-  host.errors.record(sys.exc_info()[1], traceback.format_exc())
+  exc = sys.exc_info()[1]
+  formatted = errors.format_safely(exc)
+  logger.error("hostcall: buffered tap %r raised\n%s", target, formatted)
+  host.errors.record(exc, formatted)
 
 
 def scan_length(xs, length: int | None, who: str) -> int:
@@ -223,7 +234,7 @@ def scan(f: Callable, init, xs=None, length: int | None = None,
     with collecting() as collector:
       carry, y = f(carry, x)
     targets[:] = [FlushTarget(collector.signature(), every)]
-    return carry, (y, [v for _, vals in collector.taps for v in vals])
+    return carry, (y, [v for _, vals, _ in collector.taps for v in vals])
 
   def run(carry, xs_part, n):
     carry, (ys, taps) = lax.scan(body, carry, xs_part, length=n,

@@ -132,9 +132,16 @@ def for_runtime(exc: BaseException, label: str) -> BaseException:
   return replacement
 
 
-def log_failure(label: str, exc: BaseException) -> None:
-  """Logs a failed host call at ERROR, with its traceback, as JAX does."""
-  logger.error("%s failed: %s\n%s", label, describe(exc),
+def log_failure(label: str, exc: BaseException,
+                jax_name: str | None = None) -> None:
+  """Logs a failed host call at ERROR, with its traceback, as JAX does (and
+  with JAX's words, ``jax.pure_callback failed``, where it stands in for a
+  JAX function)."""
+  if jax_name:
+    label = f"{jax_name} failed ({label})"
+  else:
+    label = f"{label} failed"
+  logger.error("%s: %s\n%s", label, describe(exc),
                format_safely(exc).rstrip())
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-import traceback
+import time
 from typing import Any, Callable, Sequence
 
 import jax
@@ -77,9 +77,14 @@ class HostTarget:
   #: tap of its chunk asks for it.
   delivery: str | None = None
 
+  #: Called outside ``jit``, whether the host function runs right away in the
+  #: calling thread (JAX's debug callbacks) rather than from a compiled call.
+  inline_outside_jit: bool = False
+
   #: How ``jax.checkpoint`` treats the call: ``"tap"`` (runs again where its
-  #: inputs are rematerialised, as the legacy module documented) or
-  #: ``"debug"`` (exactly as ``jax.debug.callback`` under every policy).
+  #: inputs are rematerialised, as the legacy module documented),
+  #: ``"debug"`` (exactly as ``jax.debug.callback`` under every policy) or
+  #: ``"once"`` (never again: a metric row, a progress event).
   remat: str = "tap"
 
   #: A vectorised host side: ``deliver_steps(stacked_args, steps, context)``
@@ -141,6 +146,10 @@ class HostTarget:
   def label(self) -> str:
     """How logs and errors name this call site (``hostcall.pure_callback``)."""
     return repr(self)
+
+  #: The JAX function this call site stands in for, named in failure logs
+  #: with JAX's own words ("jax.pure_callback failed"); None if none.
+  jax_name: str | None = None
 
 
 class _ErrorLog:
@@ -213,17 +222,26 @@ def make_context(transforms: tuple, device,
 
 
 def run(target: HostTarget, flat_args: Sequence[np.ndarray],
-        context: CallContext, copy: bool = True) -> tuple:
-  """Runs ``target`` for one call reaching the host; the runtime calls this."""
-  if copy:
+        context: CallContext, asynchronous: bool = False) -> tuple:
+  """Runs ``target`` for one call reaching the host: from the runtime
+  (synchronous delivery), or from the queue's consumer thread."""
+  if not asynchronous:
     # The runtime lends us views of device buffers that it reuses once we
     # return; a host function that keeps its argument must keep a copy.
-    flat_args = [np.array(a) for a in flat_args]
-  outer, _current.context = getattr(_current, "context", None), context
+    flat_args = [np.array(a) if isinstance(a, np.ndarray) else a
+                 for a in flat_args]
+  outer = getattr(_current, "context", None), delivering_asynchronously()
+  _current.context, _current.asynchronous = context, asynchronous
   try:
     return _deliver(target, flat_args, context)
   finally:
-    _current.context = outer
+    _current.context, _current.asynchronous = outer
+
+
+def delivering_asynchronously() -> bool:
+  """Whether this thread delivers a queued (asynchronous) call now: its
+  computation has gone on and will not fail with the host function."""
+  return getattr(_current, "asynchronous", False)
 
 
 _barrier_hooks: list[Callable[[], None]] = []
@@ -234,6 +252,12 @@ def add_barrier_hook(hook: Callable[[], None]) -> None:
   """Runs ``hook()`` at the end of every barrier: where applications built
   on taps flush what they buffered."""
   _barrier_hooks.append(hook)
+
+
+def barrier_started() -> float | None:
+  """When the barrier running its hooks in this thread began
+  (``time.monotonic()``), or None outside a barrier."""
+  return getattr(_current, "barrier_started", None)
 
 
 def add_abort_hook(hook: Callable[[], None]) -> None:
@@ -257,7 +281,12 @@ def _deliver(target, flat_args, context) -> tuple:
     return tuple(out) if target.returns_results else ()
   except (KeyboardInterrupt, SystemExit) as exc:
     # Ctrl-C, or sys.exit() from a signal handler, stops the computation:
-    # it is no tap failure to postpone.
+    # it is no tap failure to postpone (unless the computation has gone on).
+    if delivering_asynchronously():
+      formatted = _errors.format_safely(exc)
+      logger.error("hostcall: tap function %r raised\n%s", target, formatted)
+      errors.record(exc, formatted)
+      return ()
     failure = _stop_computation(target, exc)
   except BaseException as exc:  # noqa: BLE001 - a tap must never kill the run
     if target.returns_results:
@@ -276,7 +305,7 @@ def _deliver(target, flat_args, context) -> tuple:
 
 def _stop_computation(target, exc: BaseException) -> BaseException:
   """Logs ``exc`` and returns what to raise into the runtime for it."""
-  _errors.log_failure(target.label, exc)
+  _errors.log_failure(target.label, exc, target.jax_name)
   run_hooks(_abort_hooks)
   return _errors.for_runtime(exc, target.label)
 
@@ -307,8 +336,12 @@ def barrier(logging_name: str | None = None) -> None:
         "program, after the call returns.")
   logger.debug("barrier %s: waiting", logging_name or "")
   from hostcall._core import asynchronous  # the queue starts on first use
-  asynchronous.wait()
-  run_hooks(_barrier_hooks)
+  _current.barrier_started = time.monotonic()
+  try:
+    asynchronous.wait()
+    run_hooks(_barrier_hooks)
+  finally:
+    _current.barrier_started = None
   logger.debug("barrier %s: done", logging_name or "")
   failure = errors.take()
   if failure is not None:
@@ -323,7 +356,8 @@ def check_callable(fn: Callable, what: str) -> None:
   if not callable(fn):
     raise TypeError(
         f"{what} must be callable, got {fn!r} of type {type(fn).__name__}; "
-        "pass the function itself, e.g. `id_tap(print_fn, x)`, not its result.")
+        "pass the function itself (`f`), not the result of calling it "
+        "(`f(x)`).")
 
 
 _ARRAY_LIKE = (jax.Array, jax.core.Tracer, np.ndarray, np.generic, bool, int,

@@ -86,12 +86,12 @@ def bind(flat_args: Sequence, *, target: host.HostTarget, identity: bool,
   """
   if mode not in _EFFECTS:
     raise ValueError(f"mode must be one of {sorted(_EFFECTS)}, got {mode!r}")
-  if identity or not result_avals:
-    if buffering.intercept(flat_args, target):
-      return list(flat_args) if identity else []
   delivery = modes.current() if delivery is None else modes._check(delivery)
   if delivery == "async" and result_avals:
     delivery = "sync"  # a call with results must wait for them
+  if identity or not result_avals:
+    if buffering.intercept(flat_args, target, delivery):
+      return list(flat_args) if identity else []
   return hostcall_p.bind(
       *flat_args, target=target, transforms=(), identity=identity,
       result_avals=tuple(result_avals), mode=mode,
@@ -121,7 +121,7 @@ def _compiled(**params):
 
 
 def _impl(*args, **params):
-  if jax.config.jax_disable_jit:
+  if jax.config.jax_disable_jit or params["target"].inline_outside_jit:
     return _run_inline(*args, **params)
   # Outside jit we still compile: the host function then runs from the same
   # runtime thread, sequenced by the same effect tokens, as inside jit.
@@ -130,15 +130,27 @@ def _impl(*args, **params):
 
 def _run_inline(*args, target, transforms, identity, result_avals, mode,
                 device_index, sharding, delivery, partitioned):
-  """Under ``jax.disable_jit()``: call the host function right here."""
+  """Called outside ``jit`` (under ``jax.disable_jit()``, or for a debug
+  callback, as JAX calls its own): the host function runs right here."""
   del result_avals, mode, device_index, sharding, delivery, partitioned
   devices = [d for a in args if isinstance(a, jax.Array) for d in a.devices()]
   device = devices[0] if devices else jax.devices()[0]
-  results = host.run(target, [np.asarray(a) for a in args],
+  host_args = [_host_value(a) for a in args]
+  results = host.run(target, host_args,
                      host.make_context(transforms, device))
   if identity:
     return list(args)
   return [jax.device_put(r, device) for r in results]
+
+
+def _host_value(value):
+  """What a host function receives for ``value`` outside ``jit``: a NumPy
+  array with JAX's dtype (Python numbers narrowed as JAX narrows them), or
+  an array of an extended dtype (a PRNG key) as it is."""
+  if jax.dtypes.issubdtype(jnp.result_type(value), jax.dtypes.extended):
+    return value
+  array = np.asarray(value)
+  return array.astype(jax.dtypes.canonicalize_dtype(array.dtype), copy=False)
 
 
 def _batching_rule(args, dims, *, transforms, identity, target, result_avals,
@@ -152,11 +164,24 @@ def _batching_rule(args, dims, *, transforms, identity, target, result_avals,
                            result_avals=result_avals, **params)
     return outs, dims
   method = target.vmap_method()
-  if method in ("expand_dims", "broadcast_all"):
+  if params["partitioned"] and method not in VECTORISED:
+    # The batch axis may itself be split over devices: one partitioned call
+    # per batch element, as JAX's debug callbacks do.
+    for i in range(size):
+      hostcall_p.bind(*[a if d is None else jax.lax.index_in_dim(
+          a, i, d, keepdims=False) for a, d in zip(args, dims)],
+                      transforms=transforms, identity=identity,
+                      target=target, result_avals=result_avals, **params)
+    return [], []
+  if method in VECTORISED:
     # The host function is vectorised: hand it every batch axis in front,
-    # unbatched operands given a unit (or full) leading axis.
+    # unbatched operands given a unit or full leading axis (or, as JAX's
+    # "legacy_vectorized" does, left as they are).
     args = [_leading(a, d, size, method) for a, d in zip(args, dims)]
-    dims = [0] * len(args)
+    if method != "legacy_vectorized":
+      dims = [0] * len(args)
+    else:
+      dims = [None if d is None else 0 for d in dims]
   entry = ("batch", tuple(dims), size)
   batched_avals = tuple(
       jax.core.ShapedArray((size, *aval.shape), aval.dtype)
@@ -167,11 +192,17 @@ def _batching_rule(args, dims, *, transforms, identity, target, result_avals,
   return outs, [0] * len(outs)
 
 
+#: vmap methods under which the host function gets the whole batch at once.
+VECTORISED = ("expand_dims", "broadcast_all", "legacy_vectorized")
+
+
 def _leading(x, dim, size, method):
   if dim is not None:
     return jnp.moveaxis(x, dim, 0)
   if method == "broadcast_all":
     return jax.lax.broadcast(x, (size,))
+  if method == "legacy_vectorized":
+    return x
   return jax.lax.expand_dims(x, (0,))
 
 
@@ -191,12 +222,13 @@ def _jvp_rule(primals, tangents, *, identity, target, transforms, **params):
   if moving and target.has_derivatives():
     levels = batched_ad.batch_levels(transforms)
     if levels:
-      if target.vmap_method() == "expand_dims":
+      if target.vmap_method() in ("expand_dims", "legacy_vectorized"):
         raise NotImplementedError(
             f"differentiating {target!r} after vmap with "
-            "vmap_method='expand_dims' is not supported: its unbatched "
-            "operands were given a unit axis. Use 'broadcast_all' or "
-            "'sequential', or differentiate inside the vmap.")
+            f"vmap_method={target.vmap_method()!r} is not supported: its "
+            "unbatched operands do not have the batch axis. Use "
+            "'broadcast_all' or 'sequential', or differentiate inside the "
+            "vmap.")
       out_tangents = batched_ad.lifted_jvp(target.jvp, levels, list(primals),
                                            list(tangents))
     else:
@@ -234,13 +266,16 @@ def _remat_rule(saveable, unks_in, inst_in, eqn):
   # pass and runs again where the backward pass rematerialises its inputs, as
   # the legacy host_callback documented. Outside checkpoint every value is
   # saveable and the tap runs once.
-  if eqn.params["target"].remat == "debug":
+  remat = eqn.params["target"].remat
+  if remat == "debug":
     return _debug_remat_rule(saveable, unks_in, inst_in, eqn)
   n_out = len(eqn.outvars)
   residuals = [v for v, inst in zip(eqn.invars, inst_in)
                if isinstance(v, jex_core.Var) and not inst]
   if any(unks_in):
     return None, eqn, [True] * n_out, [True] * n_out, residuals
+  if remat == "once":
+    return eqn, None, [False] * n_out, [False] * n_out, []
   policy = saveable(eqn.primitive, *[v.aval for v in eqn.invars], **eqn.params)
   if not _jax_private.is_recompute_policy(policy):
     return eqn, None, [False] * n_out, [False] * n_out, []
@@ -316,7 +351,8 @@ def _lowering(ctx, *args, target, transforms, identity, result_avals, mode,
                                         operands, operand_avals, result_avals,
                                         op_sharding, effect)
   if ordered:
-    ctx.set_tokens_out(mlir.TokenSet({effect: token}))
+    ctx.set_tokens_out(ctx.tokens_in.update_tokens(
+        mlir.TokenSet({effect: token})))
   if chosen is not None:
     results = [_jax_private.replicated(ctx, r, a)
                for r, a in zip(results, result_avals)]
@@ -350,7 +386,7 @@ def _lower_partitioned(ctx, args, target, transforms, mode, delivery):
       partitioned=True)
   effect = _EFFECTS[mode]
   if mode in _ORDERED_MODES:  # passes the order through, unused
-    ctx.set_tokens_out(mlir.TokenSet({effect: ctx.tokens_in.get(effect)}))
+    ctx.set_tokens_out(ctx.tokens_in)
 
 
 def _lower_python_call(ctx, target, contexts, token, operands, operand_avals,
@@ -375,7 +411,6 @@ def _lower_python_call(ctx, target, contexts, token, operands, operand_avals,
 def _lower_enqueue(ctx, target, contexts, token, operands, operand_avals,
                    op_sharding):
   """The operands are queued for the consumer thread; nothing waits."""
-  site = asynchronous.sites.add(target, contexts)
   axis_context = ctx.module_context.axis_context
   global_view = (isinstance(axis_context, _jax_private.ShardingContext)
                  and axis_context.num_devices > 1)
@@ -383,7 +418,11 @@ def _lower_enqueue(ctx, target, contexts, token, operands, operand_avals,
   # view of several devices, and the native handler is built for CPU
   # buffers only: there the Python callback queues instead.
   on_cpu = list(ctx.module_context.platforms) == ["cpu"]
-  if not asynchronous.delivery.native or global_view or not on_cpu:
+  layouts = asynchronous.layouts_of(operand_avals)
+  if (layouts is None or global_view or not on_cpu
+      or not asynchronous.delivery.native):
+    site = asynchronous.sites.add(target, contexts)
+
     def callback(*flat):
       asynchronous.delivery.push(site, list(flat))
       return ()
@@ -393,6 +432,7 @@ def _lower_enqueue(ctx, target, contexts, token, operands, operand_avals,
         has_side_effect=True, returns_token=token is not None,
         sharding=op_sharding)
     return token
+  site = asynchronous.sites.add(target, contexts, layouts)
   if token is not None:
     name = "hostcall_enqueue_ordered"
     operands = [token, *operands]
@@ -402,7 +442,8 @@ def _lower_enqueue(ctx, target, contexts, token, operands, operand_avals,
     name, avals_in, avals_out = "hostcall_enqueue", operand_avals, []
   op = jax.ffi.build_ffi_lowering_function(name, has_side_effect=True)(
       ctx.replace(avals_in=avals_in, avals_out=avals_out), *operands,
-      site=np.int64(site))
+      site=np.int64(site),
+      nbytes=np.array([layout.nbytes for layout in layouts], np.int64))
   if op_sharding is not None:
     _jax_private.set_sharding(ctx.module_context, op, op_sharding)
   return op.results[0] if token is not None else None

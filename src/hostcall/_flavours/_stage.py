@@ -14,7 +14,7 @@ from hostcall._flavours import _linear, derivatives
 from hostcall._flavours._target import VMAP_METHODS, CallbackSpec, CallbackTarget
 
 def check_vmap_method(vmap_method) -> None:
-  allowed = [*VMAP_METHODS, "legacy_vectorized", None]
+  allowed = [*VMAP_METHODS, None]
   if vmap_method not in allowed:
     raise ValueError(
         f"vmap_method must be one of {allowed}, but got: {vmap_method!r}.")

@@ -9,10 +9,10 @@ import jax
 import numpy as np
 
 from hostcall._core import host, results
+from hostcall._core.primitive import VECTORISED
 from hostcall._core.host import hash_key
 
-VMAP_METHODS = ("sequential", "sequential_unrolled", "expand_dims",
-                "broadcast_all")
+VMAP_METHODS = ("sequential", "sequential_unrolled", *VECTORISED)
 
 
 def call_per_element(call: Callable[[list], list], flat_args: list,
@@ -63,6 +63,7 @@ class CallbackTarget(host.HostTarget):
     self.spec = spec
     if spec.flavour in ("debug_callback", "debug_print"):
       self.remat = "debug"
+      self.inline_outside_jit = True
 
   @property
   def name(self) -> str:
@@ -74,6 +75,12 @@ class CallbackTarget(host.HostTarget):
   @property
   def label(self) -> str:
     return f"hostcall.{self.spec.flavour}"
+
+  @property
+  def jax_name(self) -> str:
+    return {"debug_callback": "jax.debug.callback",
+            "debug_print": "jax.debug.callback"}.get(
+                self.spec.flavour, f"jax.{self.spec.flavour}")
 
   def vmap_method(self) -> str:
     if self.spec.vmap_method is None:
@@ -112,7 +119,7 @@ class CallbackTarget(host.HostTarget):
 
   def deliver(self, flat_args, context: host.CallContext):
     levels, avals = context.batch_levels, self.spec.result_avals
-    if levels and self.spec.vmap_method in ("expand_dims", "broadcast_all"):
+    if levels and self.spec.vmap_method in VECTORISED:
       # The callback is vectorised: one call with every batch axis in front.
       sizes = tuple(size for _, size in reversed(levels))
       avals = tuple(jax.core.ShapedArray(sizes + a.shape, a.dtype)

@@ -212,10 +212,13 @@ def debug_print(fmt: str | None = None, *args: Any, ordered: bool = False,
   def staged(fmt: str, *c_args, **c_kwargs):
     if not skip_format_check:
       _FormatChecker().format(fmt, *c_args, **c_kwargs)
-    has_placeholders = False
-    if fmt:
-      _, field, *_ = next(iter(string.Formatter().parse(fmt)))
-      has_placeholders = field is not None
+    # JAX looks at the first piece of the format only; where that would
+    # drop keyword values (JAX then fails at run time, '{{x}} = {x}'), any
+    # replacement field counts.
+    pieces = list(string.Formatter().parse(fmt)) if fmt else []
+    has_placeholders = bool(pieces) and pieces[0][1] is not None
+    if c_kwargs and not has_placeholders:
+      has_placeholders = any(field is not None for _, field, _, _ in pieces)
     printer = _Printer(fmt, tuple(np.get_printoptions().items()),
                        has_placeholders)
     _stage_debug("debug_print", printer, c_args, c_kwargs, ordered,

@@ -83,8 +83,6 @@ def io_callback(callback: Callable[..., Any], result_shape_dtypes: Any,
   _stage.check_vmap_method(vmap_method)
   if vmap_method is None and not ordered:
     vmap_method = "sequential"  # JAX maps an unordered one element-wise
-  if vmap_method == "legacy_vectorized":
-    vmap_method = "expand_dims"
   callback = _stage.with_rules(callback, jvp, vjp, finite_differences)
   return _stage.stage("io_callback", callback, result_shape_dtypes, args,
                       kwargs, mode="io_ordered" if ordered else "io",

@@ -70,8 +70,6 @@ def pure_callback(callback: Callable[..., Any], result_shape_dtypes: Any,
     Array([1., 1.], dtype=float32)
   """
   _stage.check_vmap_method(vmap_method)
-  if vmap_method == "legacy_vectorized":
-    vmap_method = "expand_dims"
   callback = _stage.with_rules(callback, jvp, vjp, finite_differences)
   return _stage.stage("pure_callback", callback, result_shape_dtypes, args,
                       kwargs, mode="pure", sharding=sharding,

@@ -60,10 +60,11 @@ def _declare(lib) -> None:
       ctypes.c_int64)
   signatures = {
       "hostcall_pop": ([i64, i64, ctypes.POINTER(vp)], i64),
-      "hostcall_release": ([vp], None),
       "hostcall_release_many": ([ctypes.POINTER(vp), i64], None),
-      "hostcall_describe": ([vp, i64, p64], None),
-      "hostcall_push_host": ([i64, i64, p64, ctypes.c_char_p, i64], None),
+      "hostcall_describe": ([vp, p64], None),
+      "hostcall_push_host": ([i64, i64, i64], None),
+      "hostcall_become_consumer": ([], None),
+      "hostcall_set_bypass": ([i64], None),
       "hostcall_set_capacity": ([i64], None),
       "hostcall_stats": ([p64], None),
   }

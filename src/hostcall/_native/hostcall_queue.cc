@@ -4,7 +4,12 @@
 //
 // The device never waits for Python: a full queue blocks the handler (back
 // pressure) until the Python consumer has delivered enough; nothing is
-// dropped.
+// dropped. What the bytes mean (dtypes, shapes) is known on the host from the
+// call site, fixed when the program was lowered: an item is a site number and
+// the operands' bytes, one after the other, as many of each as the lowering
+// said (the "nbytes" attribute; sub-byte types arrive packed). Items queued
+// from Python (the Python-callback path) carry no bytes here, only a key to
+// arrays the Python side holds and the room they take.
 
 #include <algorithm>
 #include <chrono>
@@ -13,6 +18,7 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "xla/ffi/api/ffi.h"
@@ -21,21 +27,14 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-constexpr int kMaxRank = 16;
-
-struct BufferMeta {
-  int64_t dtype;
-  int64_t rank;
-  int64_t dims[kMaxRank];
-  int64_t offset;
-  int64_t nbytes;
-};
-
 struct Item {
   int64_t site;
-  std::vector<BufferMeta> metas;
+  int64_t key;        // 0: the bytes are in data; else Python holds arrays
+  int64_t accounted;  // the room the item takes in the queue
   std::vector<char> data;
 };
+
+constexpr int64_t kItemOverhead = 64;
 
 struct Queue {
   std::mutex mu;
@@ -44,9 +43,17 @@ struct Queue {
   int64_t bytes = 0;
   int64_t capacity = int64_t{64} << 20;
   int64_t pushed = 0;
-  int64_t blocked = 0;     // times a producer waited for room
+  int64_t blocked = 0;  // times a producer waited for room
   bool consumer_waiting = false;
   int producers_waiting = 0;
+  // The consumer thread: a tap made while it delivers (a host function that
+  // runs a JAX computation with asynchronous taps) must not wait for room
+  // only that thread can free. A tap of a computation that such a host
+  // function started runs on another thread: the consumer's watchdog sees
+  // the host function waiting inside JAX and lets producers through
+  // (`bypass`) until it returns.
+  std::thread::id consumer;
+  bool bypass = false;
   // Data blocks of delivered items, kept for reuse: a fresh large block
   // costs a page fault per 4 KiB, far more than copying into a warm one.
   std::vector<std::vector<char>> spare;
@@ -55,6 +62,11 @@ struct Queue {
 
 constexpr int64_t kMaxSpareBytes = int64_t{64} << 20;
 constexpr int64_t kMinPooled = 16 << 10;  // small blocks come from malloc
+
+Queue& queue() {
+  static Queue* q = new Queue();  // never destroyed: XLA threads may outlive
+  return *q;
+}
 
 std::vector<char> TakeBlock(Queue& q, int64_t size) {
   if (size >= kMinPooled) {
@@ -81,69 +93,24 @@ void KeepBlock(Queue& q, std::vector<char>&& block) {
   }
 }
 
-Queue& queue() {
-  static Queue* q = new Queue();  // never destroyed: XLA threads may outlive
-  return *q;
-}
-
-void Insert(Item* item);
-
-ffi::Error Push(int64_t site, ffi::RemainingArgs args) {
-  Item* item = new Item();
-  item->site = site;
-  int64_t total = 0;
-  for (size_t i = 0; i < args.size(); ++i) {
-    auto buffer = args.get<ffi::AnyBuffer>(i);
-    if (!buffer.has_value()) {
-      delete item;
-      return ffi::Error(ffi::ErrorCode::kInvalidArgument,
-                        "hostcall: tap operand is not a buffer");
-    }
-    BufferMeta meta{};
-    meta.dtype = static_cast<int64_t>(buffer->element_type());
-    auto dims = buffer->dimensions();
-    if (dims.size() > kMaxRank) {
-      delete item;
-      return ffi::Error(ffi::ErrorCode::kInvalidArgument,
-                        "hostcall: tap operand has rank above 16");
-    }
-    meta.rank = dims.size();
-    for (size_t d = 0; d < dims.size(); ++d) meta.dims[d] = dims[d];
-    meta.offset = total;
-    meta.nbytes = buffer->size_bytes();
-    total += meta.nbytes;
-    item->metas.push_back(meta);
-  }
-  item->data = TakeBlock(queue(), total);
-  for (size_t i = 0; i < args.size(); ++i) {
-    auto buffer = args.get<ffi::AnyBuffer>(i);
-    const BufferMeta& meta = item->metas[i];
-    if (meta.nbytes) {
-      std::memcpy(item->data.data() + meta.offset, buffer->untyped_data(),
-                  meta.nbytes);
-    }
-  }
-  Insert(item);
-  return ffi::Error::Success();
-}
-
 // Puts an item in the queue, waiting for room if it is full.
 void Insert(Item* item) {
-  const int64_t size = static_cast<int64_t>(item->data.size()) + 64;
   Queue& q = queue();
   {
     std::unique_lock<std::mutex> lock(q.mu);
-    if (q.bytes > 0 && q.bytes + size > q.capacity) {
+    if (q.bytes > 0 && q.bytes + item->accounted > q.capacity &&
+        !q.bypass && std::this_thread::get_id() != q.consumer) {
       ++q.blocked;
       ++q.producers_waiting;
       // A lone item larger than the capacity still goes through.
       q.not_full.wait(lock, [&] {
-        return q.bytes == 0 || q.bytes + size <= q.capacity;
+        return q.bypass || q.bytes == 0 ||
+               q.bytes + item->accounted <= q.capacity;
       });
       --q.producers_waiting;
     }
     q.items.push_back(item);
-    q.bytes += size;
+    q.bytes += item->accounted;
     ++q.pushed;
     // Wake the consumer only when it sleeps: a busy one finds the item
     // anyway, and the device thread saves a system call per tap.
@@ -152,33 +119,80 @@ void Insert(Item* item) {
   q.not_empty.notify_one();
 }
 
-ffi::Error Enqueue(int64_t site, ffi::RemainingArgs args) {
-  return Push(site, args);
+ffi::Error Push(int64_t site, ffi::Span<const int64_t> nbytes,
+                ffi::RemainingArgs args) {
+  if (nbytes.size() != args.size()) {
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument,
+                      "hostcall: tap operands and their sizes disagree");
+  }
+  int64_t total = 0;
+  for (size_t i = 0; i < args.size(); ++i) {
+    auto buffer = args.get<ffi::AnyBuffer>(i);
+    if (!buffer.has_value() ||
+        nbytes[i] > static_cast<int64_t>(buffer->size_bytes())) {
+      return ffi::Error(ffi::ErrorCode::kInvalidArgument,
+                        "hostcall: a tap operand is not the buffer its call "
+                        "site was lowered for");
+    }
+    total += nbytes[i];
+  }
+  Item* item = new Item();
+  item->site = site;
+  item->key = 0;
+  item->accounted = total + kItemOverhead;
+  item->data = TakeBlock(queue(), total);
+  int64_t offset = 0;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (nbytes[i]) {
+      std::memcpy(item->data.data() + offset,
+                  args.get<ffi::AnyBuffer>(i)->untyped_data(), nbytes[i]);
+    }
+    offset += nbytes[i];
+  }
+  Insert(item);
+  return ffi::Error::Success();
 }
 
-ffi::Error EnqueueOrdered(int64_t site, ffi::Token, ffi::RemainingArgs args,
+ffi::Error Enqueue(int64_t site, ffi::Span<const int64_t> nbytes,
+                   ffi::RemainingArgs args) {
+  return Push(site, nbytes, args);
+}
+
+ffi::Error EnqueueOrdered(int64_t site, ffi::Span<const int64_t> nbytes,
+                          ffi::Token, ffi::RemainingArgs args,
                           ffi::Result<ffi::Token>) {
-  return Push(site, args);
+  return Push(site, nbytes, args);
 }
 
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     hostcall_enqueue, Enqueue,
-    ffi::Ffi::Bind().Attr<int64_t>("site").RemainingArgs());
+    ffi::Ffi::Bind()
+        .Attr<int64_t>("site")
+        .Attr<ffi::Span<const int64_t>>("nbytes")
+        .RemainingArgs());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     hostcall_enqueue_ordered, EnqueueOrdered,
     ffi::Ffi::Bind()
         .Attr<int64_t>("site")
+        .Attr<ffi::Span<const int64_t>>("nbytes")
         .Arg<ffi::Token>()
         .RemainingArgs()
         .Ret<ffi::Token>());
 
 extern "C" {
 
+// Makes the calling thread the consumer (see Queue::consumer).
+void hostcall_become_consumer() {
+  Queue& q = queue();
+  std::lock_guard<std::mutex> lock(q.mu);
+  q.consumer = std::this_thread::get_id();
+}
+
 // Waits up to timeout_ms for items; moves up to max_items of them into out
-// (each to be freed with hostcall_release) and returns how many.
+// (each to be freed with hostcall_release_many) and returns how many.
 int64_t hostcall_pop(int64_t timeout_ms, int64_t max_items, void** out) {
   Queue& q = queue();
   std::unique_lock<std::mutex> lock(q.mu);
@@ -196,46 +210,28 @@ int64_t hostcall_pop(int64_t timeout_ms, int64_t max_items, void** out) {
   return n;
 }
 
-// Frees an item's memory and the room it held in the queue.
-void hostcall_release(void* handle) {
-  Item* item = static_cast<Item*>(handle);
-  Queue& q = queue();
-  bool wake = false;
-  {
-    std::lock_guard<std::mutex> lock(q.mu);
-    q.bytes -= static_cast<int64_t>(item->data.size()) + 64;
-    wake = q.producers_waiting > 0;
-  }
-  if (wake) q.not_full.notify_all();
-  delete item;
-}
-
-// Describes an item in one call: out[0] site, out[1] buffer count, out[2]
-// data address, out[3] data size, then for each of the first max_buffers
-// buffers its 20 metadata words (dtype, rank, dims[16], offset, nbytes).
-void hostcall_describe(void* handle, int64_t max_buffers, int64_t* out) {
+// Describes an item: out[0] site, out[1] key, out[2] data address, out[3]
+// data size.
+void hostcall_describe(void* handle, int64_t* out) {
   Item* item = static_cast<Item*>(handle);
   out[0] = item->site;
-  out[1] = item->metas.size();
+  out[1] = item->key;
   out[2] = reinterpret_cast<int64_t>(item->data.data());
-  out[3] = item->data.size();
-  const size_t n = std::min<size_t>(item->metas.size(), max_buffers);
-  std::memcpy(out + 4, item->metas.data(), n * sizeof(BufferMeta));
+  out[3] = static_cast<int64_t>(item->data.size());
 }
 
-// Queues an item built on the host (the Python-callback path), so that it
-// keeps its place among the taps the FFI handler queues.
-void hostcall_push_host(int64_t site, int64_t n, const int64_t* metas,
-                        const char* data, int64_t size) {
+// Queues an item whose arrays the Python side holds under `key` (the
+// Python-callback path), so that it keeps its place among the taps the FFI
+// handler queues, and takes `nbytes` of room.
+void hostcall_push_host(int64_t site, int64_t key, int64_t nbytes) {
   Item* item = new Item();
   item->site = site;
-  item->metas.resize(n);
-  std::memcpy(item->metas.data(), metas, n * sizeof(BufferMeta));
-  item->data.assign(data, data + size);
+  item->key = key;
+  item->accounted = nbytes + kItemOverhead;
   Insert(item);
 }
 
-// Frees many items at once (one lock for all).
+// Frees delivered items and the room they held (one lock for all).
 void hostcall_release_many(void** handles, int64_t n) {
   Queue& q = queue();
   bool wake = false;
@@ -243,13 +239,23 @@ void hostcall_release_many(void** handles, int64_t n) {
     std::lock_guard<std::mutex> lock(q.mu);
     for (int64_t i = 0; i < n; ++i) {
       Item* item = static_cast<Item*>(handles[i]);
-      q.bytes -= static_cast<int64_t>(item->data.size()) + 64;
+      q.bytes -= item->accounted;
       KeepBlock(q, std::move(item->data));
     }
     wake = q.producers_waiting > 0;
   }
   if (wake) q.not_full.notify_all();
   for (int64_t i = 0; i < n; ++i) delete static_cast<Item*>(handles[i]);
+}
+
+// Lets producers through a full queue (1) or not (0); see Queue::bypass.
+void hostcall_set_bypass(int64_t on) {
+  Queue& q = queue();
+  {
+    std::lock_guard<std::mutex> lock(q.mu);
+    q.bypass = on != 0;
+  }
+  if (on) q.not_full.notify_all();
 }
 
 void hostcall_set_capacity(int64_t bytes) {
@@ -261,15 +267,17 @@ void hostcall_set_capacity(int64_t bytes) {
   q.not_full.notify_all();
 }
 
-// stats: pushed, queued items, queued bytes, capacity, producer waits.
+// stats: pushed, queued items, queued bytes, capacity, producer waits,
+// producers waiting now.
 void hostcall_stats(int64_t* out) {
   Queue& q = queue();
   std::lock_guard<std::mutex> lock(q.mu);
   out[0] = q.pushed;
-  out[1] = q.items.size();
+  out[1] = static_cast<int64_t>(q.items.size());
   out[2] = q.bytes;
   out[3] = q.capacity;
   out[4] = q.blocked;
+  out[5] = q.producers_waiting;
 }
 
 }  // extern "C"
