@@ -16,6 +16,7 @@ import pathlib
 import warnings
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 
@@ -56,7 +57,11 @@ def _plain(values: np.ndarray) -> np.ndarray:
     return np.abs(values)  # formats without complex numbers get magnitudes
   if not (np.issubdtype(values.dtype, np.integer) or
           np.issubdtype(values.dtype, np.floating)):
-    return values.astype(np.float32)  # bfloat16 and other ml_dtypes
+    try:  # int4, uint2 and the other small integers of ml_dtypes
+      ml_dtypes.iinfo(values.dtype)
+      return values.astype(np.int64)
+    except (TypeError, ValueError):
+      return values.astype(np.float32)  # bfloat16, float8 and the like
   return values
 
 
@@ -70,9 +75,10 @@ _JSON_NONFINITE = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
 def _texts(values: np.ndarray, json_style: bool) -> list[str]:
   """One text per row of a scalar column, floats in their shortest form for
   their own precision (a float32 0.1 is written ``0.1``)."""
-  texts = _plain(values).astype(str).tolist()
-  if json_style and np.issubdtype(values.dtype, np.inexact) and \
-      not np.isfinite(values).all():
+  plain = _plain(values)
+  texts = plain.astype(str).tolist()
+  if json_style and np.issubdtype(plain.dtype, np.inexact) and \
+      not np.isfinite(plain).all():
     texts = [_JSON_NONFINITE.get(t, t) for t in texts]
   return texts
 

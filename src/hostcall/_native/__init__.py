@@ -1,11 +1,18 @@
 """The native tap queue: built from ``hostcall_queue.cc`` on first use.
 
 The C++ source is compiled against the XLA FFI headers of the installed
-jaxlib (``jax.ffi.include_dir()``) with the system C++ compiler, once per
-jaxlib version and source, into ``$HOSTCALL_CACHE`` (default
-``~/.cache/hostcall``). If no compiler is found or the build fails, ``load()``
-returns None and hostcall falls back to its pure-Python queue; ``hostcall
-info`` says which is active and why.
+jaxlib (``jax.ffi.include_dir()``) with the system C++ compiler (``$CXX``,
+else ``c++``, ``g++`` or ``clang++``), once per jaxlib version and source,
+into ``$HOSTCALL_CACHE`` (default ``~/.cache/hostcall``).
+
+What is loaded is checked first: the cache directory must belong to this
+user and be writable by no one else, and the library must match the SHA-256
+digest recorded when it was built (a library that does not, or that fails
+to load, is rebuilt). A build goes to a temporary file renamed into place,
+so that processes building at once each end up with a whole library. When
+no library can be had (no compiler, a failed build, ``HOSTCALL_NATIVE=0``)
+hostcall falls back to its pure-Python queue, says why once (a
+``HostcallNativeWarning``), and ``hostcall info`` says so too.
 """
 
 from __future__ import annotations
@@ -15,9 +22,11 @@ import hashlib
 import os
 import pathlib
 import shutil
+import stat
 import subprocess
 import tempfile
 import threading
+import warnings
 
 import jax
 import jaxlib
@@ -28,31 +37,102 @@ _lib = None
 _error: str | None = None
 
 
-def _cache_dir() -> pathlib.Path:
+class HostcallNativeWarning(UserWarning):
+  """hostcall's native tap queue could not be built or loaded; the
+  pure-Python queue is used instead (slower, same guarantees)."""
+
+
+def cache_dir() -> pathlib.Path:
+  """Where the native library is built and kept."""
   root = os.environ.get("HOSTCALL_CACHE") or os.path.join(
       os.path.expanduser("~"), ".cache", "hostcall")
   return pathlib.Path(root)
 
 
-def _library_path() -> pathlib.Path:
+def library_path() -> pathlib.Path:
   digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
-  return _cache_dir() / f"hostcall_queue-{jaxlib.__version__}-{digest}.so"
+  return cache_dir() / f"hostcall_queue-{jaxlib.__version__}-{digest}.so"
+
+
+def compiler() -> str | None:
+  """The C++ compiler builds use, or None."""
+  return (os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+          or shutil.which("clang++"))
+
+
+def _sha256(path: pathlib.Path) -> str:
+  return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _check_private(path: pathlib.Path) -> None:
+  """Refuses a path that another user owns or may write to."""
+  info = path.stat()
+  if hasattr(os, "getuid") and info.st_uid != os.getuid():
+    raise PermissionError(f"{path} belongs to another user (uid "
+                          f"{info.st_uid}); hostcall loads only its own "
+                          "builds. Set HOSTCALL_CACHE to a directory of yours.")
+  if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+    raise PermissionError(f"{path} is writable by other users (mode "
+                          f"{stat.filemode(info.st_mode)}); hostcall loads "
+                          "only what no one else can change. chmod go-w it, "
+                          "or set HOSTCALL_CACHE.")
 
 
 def _build(target: pathlib.Path) -> None:
-  compiler = (os.environ.get("CXX") or shutil.which("c++")
-              or shutil.which("g++") or shutil.which("clang++"))
-  if compiler is None:
-    raise RuntimeError("no C++ compiler (c++, g++ or clang++) on PATH")
-  target.parent.mkdir(parents=True, exist_ok=True)
+  cxx = compiler()
+  if cxx is None:
+    raise RuntimeError("no C++ compiler (c++, g++ or clang++) on PATH; set "
+                       "CXX, or install one (e.g. apt-get install g++)")
   with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
     out = pathlib.Path(tmp) / target.name
-    cmd = [compiler, "-std=c++17", "-O2", "-fPIC", "-shared", "-w",
+    cmd = [cxx, "-std=c++17", "-O2", "-fPIC", "-shared", "-w",
            f"-I{jax.ffi.include_dir()}", str(SOURCE), "-o", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     if proc.returncode != 0:
       raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-2000:]}")
-    os.replace(out, target)  # atomic: concurrent builders agree
+    digest = pathlib.Path(tmp) / "digest"
+    digest.write_text(_sha256(out))
+    # The library first, then its digest: a loader that sees a library
+    # without its own digest rebuilds rather than trusting it.
+    os.replace(out, target)
+    os.replace(digest, target.with_suffix(".sha256"))
+
+
+def _verified(path: pathlib.Path) -> bool:
+  """Whether ``path`` is a whole build of ours, as its digest says."""
+  digest = path.with_suffix(".sha256")
+  if not (path.exists() and digest.exists()):
+    return False
+  _check_private(path)
+  return digest.read_text().strip() == _sha256(path)
+
+
+def _open(path: pathlib.Path):
+  lib = ctypes.CDLL(str(path))
+  _declare(lib)
+  # The same library, called with the GIL held: for the short calls the
+  # consumer makes per item, which must not queue behind a busy Python
+  # thread for the GIL (5 ms a switch). Only the calls that may wait go
+  # through ``lib``, which releases the GIL.
+  lib.held = ctypes.PyDLL(str(path))
+  _declare(lib.held)
+  return lib
+
+
+def _load_or_build():
+  directory = cache_dir()
+  directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+  _check_private(directory)
+  path = library_path()
+  for attempt in range(2):
+    if attempt or not _verified(path):
+      _build(path)
+    try:
+      return _open(path)
+    except OSError:
+      if attempt:
+        raise  # a fresh build that does not load: give up
+  raise AssertionError("unreachable")
 
 
 def _declare(lib) -> None:
@@ -83,23 +163,18 @@ def load():
       _error = "disabled by HOSTCALL_NATIVE=0"
       return None
     try:
-      path = _library_path()
-      if not path.exists():
-        _build(path)
-      lib = ctypes.CDLL(str(path))
-      _declare(lib)
-      # The same library, called with the GIL held: for the short calls the
-      # consumer makes per item, which must not queue behind a busy Python
-      # thread for the GIL (5 ms a switch). Only hostcall_pop, which waits,
-      # goes through ``lib`` and releases the GIL.
-      lib.held = ctypes.PyDLL(str(path))
-      _declare(lib.held)
+      lib = _load_or_build()
       for name in ("hostcall_enqueue", "hostcall_enqueue_ordered"):
         jax.ffi.register_ffi_target(
             name, jax.ffi.pycapsule(getattr(lib, name)), platform="cpu")
       _lib = lib
     except Exception as exc:  # noqa: BLE001 - any failure means: fall back
       _error = f"{type(exc).__name__}: {exc}"
+      warnings.warn(
+          f"hostcall: the native tap queue is not available ({_error}); "
+          "asynchronous taps use the pure-Python queue (same guarantees, "
+          "slower). `hostcall info` shows this again.", HostcallNativeWarning,
+          stacklevel=2)
     return _lib
 
 
@@ -107,5 +182,5 @@ def status() -> str:
   """One line: which tap queue is active, and why."""
   lib = load()
   if lib is not None:
-    return f"native (XLA FFI handler, {_library_path().name})"
+    return f"native (XLA FFI handler, {library_path()})"
   return f"pure Python fallback ({_error})"
