@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv demo test test-heavy test-legacy bench clean
+.PHONY: venv demo test test-heavy test-legacy bench docs clean
 
 venv: $(STAMP)
 
@@ -31,6 +31,11 @@ test-legacy: venv
 bench: venv
 	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
 	$(BIN)/python benchmarks/run.py
+
+# The documentation site (mkdocs.yml), in strict mode: a broken link or API
+# reference fails. Also built by tests/test_docs_site.py.
+docs: venv
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict --site-dir build/site
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache

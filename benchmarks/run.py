@@ -1,11 +1,11 @@
-"""`make bench`: hostcall's speed targets against plain JAX (see
-``hostcall._bench``; also ``hostcall bench``)."""
+"""`make bench`: hostcall's speed targets against plain JAX, written to
+benchmarks/results (see ``hostcall.cli.bench``; also ``hostcall bench``)."""
 
 import pathlib
 import sys
 
-from hostcall import _bench
+from hostcall.cli import main
 
 if __name__ == "__main__":
   out = pathlib.Path(__file__).parent / "results"
-  sys.exit(_bench.main(["--out", str(out), *sys.argv[1:]]))
+  sys.exit(main(["bench", "--out", str(out), *sys.argv[1:]]))

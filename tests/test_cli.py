@@ -65,17 +65,99 @@ def test_plot_command(tmp_path):
                    str(tmp_path / "loss.png"))
   assert proc.returncode == 0 and (tmp_path / "loss.png").exists()
   missing = _hostcall("plot", str(tmp_path / "nothing"))
-  assert missing.returncode == 1
-  assert "hostcall plot: no run at" in missing.stderr
+  assert missing.returncode == 2
+  assert "hostcall plot: error: no run at" in missing.stderr
+  unknown = _hostcall("plot", str(run), "-m", "nosuch")
+  assert unknown.returncode == 2
+  assert unknown.stderr.strip().endswith(
+      f"hostcall plot: error: no metric 'nosuch' in {run}; it has 'loss'")
+  assert "Traceback" not in missing.stderr + unknown.stderr
 
 
 def test_info_names_versions_devices_and_fast_path():
   proc = _hostcall("info")
   assert proc.returncode == 0, proc.stderr
-  assert proc.stdout.startswith("hostcall 0.1.0\njax 0.10.")
-  assert "backend cpu" in proc.stdout
-  assert "async taps: native (XLA FFI handler" in proc.stdout
-  assert re.search(r"extras: tqdm \d", proc.stdout)
+  out = proc.stdout
+  assert out.startswith("hostcall 0.1.0\njax 0.10.")
+  assert re.search(r"^supported: jax[<>=,\d.]+, jaxlib[<>=,\d.]+$", out,
+                   re.M)
+  assert "backend cpu" in out
+  assert "async taps: native (XLA FFI handler" in out
+  assert re.search(r"^native cache: .*hostcall \(HOSTCALL_CACHE\), "
+                   r"compiler: /", out, re.M)
+  assert "queue capacity: 67108864 bytes" in out
+  assert re.search(r"^notebook widgets: (ipywidgets [\d.]+|not installed)",
+                   out, re.M)
+  assert re.search(r"extras: tqdm \d", out)
+
+
+def test_version_and_help_for_every_option():
+  version = _hostcall("--version")
+  assert version.returncode == 0 and version.stdout == "hostcall 0.1.0\n"
+  for command in ("demo", "bench", "plot", "info", "tour"):
+    proc = _hostcall(command, "--help")
+    assert proc.returncode == 0, command
+    options = re.findall(r"^  (--?[a-z][\w-]*)(?:, (--[\w-]+))?(.*)$",
+                         proc.stdout, re.M)
+    for short, long, rest in options:
+      if short not in ("-h",):
+        assert rest.strip(), f"{command} {short} has no help text"
+
+
+@pytest.mark.parametrize("args,words", [
+    (["demo", "--steps", "0"], "argument --steps: expected a whole number of "
+                               "at least 1, got 0"),
+    (["demo", "--batch", "0"], "argument --batch: expected a whole number of "
+                               "at least 1, got 0"),
+    (["demo", "--steps", "ten"], "argument --steps: expected a whole number "
+                                 "of at least 1, got 'ten'"),
+    (["bench", "--repeats", "-1"], "argument --repeats: expected a whole "
+                                   "number of at least 1, got -1"),
+])
+def test_bad_values_exit_2_with_a_message(args, words):
+  proc = _hostcall(*args)
+  assert proc.returncode == 2
+  assert words in proc.stderr and "Traceback" not in proc.stderr
+  assert proc.stdout == ""
+
+
+def test_demo_without_its_extras_says_which_to_install(tmp_path):
+  # A plain install: no SciPy, no matplotlib.
+  blocker = tmp_path / "blocked"
+  blocker.mkdir()
+  for name in ("scipy", "matplotlib"):
+    (blocker / name).mkdir()
+    (blocker / name / "__init__.py").write_text(
+        "raise ImportError('not installed')\n")
+  code = ("import importlib.util, sys\n"
+          "real = importlib.util.find_spec\n"
+          "importlib.util.find_spec = lambda n, *a: None if n in "
+          "('scipy', 'matplotlib') else real(n, *a)\n"
+          "from hostcall.cli import main\n"
+          "sys.exit(main(['demo', '--steps', '5']))\n")
+  proc = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                        text=True, timeout=300, cwd=tmp_path)
+  assert proc.returncode == 1
+  assert proc.stderr.strip() == (
+      "hostcall demo: the demo's model calls scipy.special on the host, and "
+      "SciPy is not installed: pip install 'hostcall[demo]'")
+
+
+def test_demo_without_matplotlib_still_prints_its_summary(tmp_path):
+  code = ("import importlib.util, sys\n"
+          "real = importlib.util.find_spec\n"
+          "importlib.util.find_spec = lambda n, *a: None if n == "
+          "'matplotlib' else real(n, *a)\n"
+          "from hostcall.cli import main\n"
+          "sys.exit(main(['demo', '--steps', '20']))\n")
+  proc = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                        text=True, timeout=300, cwd=tmp_path)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert "starts reach the true minimum" in proc.stdout
+  assert proc.stdout.rstrip().endswith(
+      "plot:    skipped: matplotlib is not installed (pip install "
+      "'hostcall[demo]')")
+  assert not (tmp_path / "runs" / "demo" / "metrics.png").exists()
 
 
 def test_tour_runs_legacy_taps_under_jit_vmap_and_grad():
@@ -97,6 +179,15 @@ def test_bad_commands_fail_with_usage(args):
   proc = _hostcall(*args)
   assert proc.returncode == 2
   assert "usage: hostcall" in proc.stderr
+
+
+def test_benchmark_smoke_run_writes_to_a_temporary_directory(tmp_path):
+  proc = _hostcall("bench", "--smoke", cwd=tmp_path)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  written = re.search(r"^results: (.*latest\.json)$", proc.stdout, re.M)
+  assert written and not written.group(1).startswith(str(tmp_path))
+  assert pathlib.Path(written.group(1)).exists()
+  assert list(tmp_path.iterdir()) == []   # nothing in the current directory
 
 
 def test_benchmark_smoke_run(tmp_path):

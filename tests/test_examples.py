@@ -1,4 +1,4 @@
-"""The seed tutorials' examples run as written and print what they document."""
+"""The examples in examples/ run as written and print what they document."""
 
 import pathlib
 import subprocess
@@ -17,8 +17,8 @@ def _run(name: str) -> str:
   return proc.stdout
 
 
-def test_seed_003_examples():
-  out = _run("seed_003_host_callback.py")
+def test_legacy_host_callback_tour():
+  out = _run("legacy_host_callback_tour.py")
   y = np.sin(np.asarray(jax.random.uniform(jax.random.PRNGKey(42),
                                             (8, 8)))) * 2.0
   assert "received data type: <class 'numpy.ndarray'>" in out
@@ -41,8 +41,8 @@ def test_seed_003_examples():
       rtol=1e-5)
 
 
-def test_seed_000_io_callback_examples():
-  out = _run("seed_000_io_callback.py")
+def test_io_callback_in_jit_vmap_grad():
+  out = _run("io_callback_in_jit_vmap_grad.py")
   lines = out.splitlines()
   assert lines[0].startswith("intermediate value: ") and "Tracer" in lines[0]
   assert lines[1] == "intermediate value: 3"
@@ -61,8 +61,8 @@ def test_seed_000_io_callback_examples():
   assert len(grads.split()) == 3
 
 
-def test_seed_002_pure_callback_examples():
-  out = _run("seed_002_pure_callback.py")
+def test_pure_callback_with_scipy_and_gradients():
+  out = _run("pure_callback_with_scipy_and_gradients.py")
   assert "batched output shape: (10, 3, 3)" in out
   error = float(out.split("max abs error against the analytic gradient: ")[1]
                 .split()[0])

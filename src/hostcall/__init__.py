@@ -28,7 +28,7 @@ Public API:
   ``hostcall.fd_step``.
 """
 
-from hostcall import host_callback, metrics, progress
+from hostcall import _jax_private, _notebook, host_callback, metrics, progress
 from hostcall._core import (CallbackException, CallContext, barrier,
                             delivery, set_delivery)
 from hostcall._core.asynchronous import queue_stats, set_queue_capacity
@@ -42,6 +42,11 @@ from hostcall._flavours.io import io_callback
 from hostcall._flavours.pure import pure_callback
 
 __version__ = "0.1.0"
+
+_notebook.install()  # inside IPython: each cell's host output in that cell
+# Errors raised while JAX traces a user's function show the user's frames,
+# not hostcall's (as JAX hides its own).
+_jax_private.hide_frames_of(__path__[0])
 
 __all__ = [
     "CallContext",

@@ -17,6 +17,7 @@ from jax._src import effects as _effects
 from jax._src import config as _config
 from jax._src import named_sharding as _named_sharding
 from jax._src import shard_alike as _shard_alike
+from jax._src import traceback_util as _traceback_util
 from jax._src import sharding_impls as _sharding_impls
 from jax._src.lib import xla_client as _xc
 from jax._src.interpreters import batching as _batching
@@ -136,6 +137,13 @@ def require_devices_during_lowering(primitive) -> None:
 def is_recompute_policy(policy) -> bool:
   """Whether a ``jax.checkpoint`` policy's answer means "recompute, don't save"."""
   return isinstance(_pe.ensure_enum(policy), _pe.RecomputeType)
+
+
+def hide_frames_of(directory: str) -> None:
+  """Leaves the frames of files under ``directory`` out of the tracebacks
+  JAX filters (``JAX_TRACEBACK_FILTERING``), as JAX leaves out its own: an
+  error raised while tracing a user's function points at that function."""
+  _traceback_util.register_exclusion(directory)
 
 
 def trace_of(value):

@@ -42,8 +42,8 @@ import jax
 from hostcall import _printing
 from hostcall._core import CallbackException, HostTarget, barrier, bind
 from hostcall._core import results
-from hostcall._core.host import (CallContext, check_callable, check_operands,
-                                 hash_key)
+from hostcall._core.host import (CallContext, check_arguments,
+                                 check_callable, check_operands, hash_key)
 
 __all__ = [
     "CallbackException",
@@ -216,6 +216,13 @@ def id_tap(tap_func: Callable, arg, *, result=None, tap_with_device=False,
         "pre-apply keyword arguments, either by using a closure or by passing "
         f"``functools.partial(tap_func, **kwargs)``. Got {sorted(unknown)}.")
   check_callable(tap_func, "id_tap's tap_func")
+  check_arguments(
+      tap_func, ["arg", "transforms"],
+      {"device": None} if tap_with_device else {}, "id_tap",
+      "A tap function takes the tapped value and the transformations applied "
+      "to it: def tap(arg, transforms" + (", *, device" if tap_with_device
+                                          else "") + "), or wrap yours, "
+      "e.g. id_tap(lambda arg, transforms: f(arg), x).")
   flat, in_tree = jax.tree_util.tree_flatten(arg)
   check_operands(flat, "id_tap")
   if result is not None:
@@ -329,6 +336,12 @@ def call(callback_func: Callable, arg, *, result_shape=None,
   result_tree, result_avals = results.avals_from_shapes(
       result_shape, "result_shape", legacy=True)
   unpack = _unpack_tuple_arg(callback_func, arg, bool(call_with_device))
+  if not unpack:
+    check_arguments(
+        callback_func, ["arg"],
+        {"device": None} if call_with_device else {}, "host_callback.call",
+        "call passes its argument as one value (a tuple stays a tuple)" +
+        (" and the device as device=" if call_with_device else "") + ".")
   target = _Call(callback_func, in_tree, result_tree, result_avals,
                  bool(call_with_device), unpack)
   outs = bind(flat, target=target, identity=False, result_avals=result_avals,
@@ -344,9 +357,24 @@ def barrier_wait(logging_name: str | None = None) -> None:
 
   Arguments:
     logging_name: a name for this barrier in hostcall's debug log.
+
+  Example:
+    >>> import jax
+    >>> from hostcall import host_callback as hcb
+    >>> _ = jax.jit(lambda x: hcb.id_tap(lambda v, t: 1 / 0, x))(1.0)
+    >>> try:
+    ...   hcb.barrier_wait()
+    ... except hcb.CallbackException as e:
+    ...   print(type(e.__cause__).__name__)
+    ZeroDivisionError
   """
   barrier(logging_name)
 
 
 def stop_outfeed_receiver() -> None:
-  """Does nothing: there is no outfeed receiver to stop. Kept for old code."""
+  """Does nothing: there is no outfeed receiver to stop. Kept for old code.
+
+  The legacy module received taps through outfeed with a receiver thread
+  that this stopped; hostcall's taps need none (asynchronous ones are
+  delivered by a thread that ``barrier_wait`` and interpreter exit drain).
+  """

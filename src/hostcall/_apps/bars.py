@@ -70,7 +70,7 @@ class _Bar:
   def is_open(self) -> bool:
     return self.tqdm is not None
 
-  def show(self, refresh: bool = False) -> None:
+  def show(self, final: bool = False) -> None:
     n = min(self.counts.values())  # the slowest device
     postfix = []
     if self.lanes is not None:
@@ -80,10 +80,12 @@ class _Bar:
         postfix.append(f"lanes {self.lanes}")
     if postfix:
       self.tqdm.set_postfix_str(", ".join(postfix), refresh=False)
-    if n > self.tqdm.n:
+    if final:
+      # Closing draws the final state once; an update now would draw the
+      # same line twice where the output is not a terminal.
+      self.tqdm.n = n
+    elif n > self.tqdm.n:
       self.tqdm.update(n - self.tqdm.n)  # redraws at most every mininterval
-    elif refresh:
-      self.tqdm.refresh()
 
   def finish(self, stopped: bool = False) -> None:
     if self.tqdm is None:
@@ -224,7 +226,7 @@ class Bars:
       return
     bar.closed.add(device)
     if bar.closed >= set(bar.counts):
-      bar.show(refresh=True)
+      bar.show(final=True)
       total = bar.tqdm.total
       if total is not None:  # a known length tells whether it finished
         stopped = min(bar.counts.values()) < total

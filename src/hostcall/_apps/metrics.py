@@ -353,6 +353,17 @@ def read(path: str | os.PathLike):
   Returns:
     A DataFrame with ``step`` (and ``member``, ``device`` where logged) and
     one column per metric.
+
+  Rows cut off mid-write (a process killed while writing) are skipped, with
+  an ``IncompleteRowsWarning`` naming their lines.
+
+  Example:
+    >>> import jax, hostcall, tempfile
+    >>> run = hostcall.metrics.Run("read", root=tempfile.mkdtemp())
+    >>> _ = jax.jit(lambda: run.log(0, loss=0.5))()
+    >>> run.close()
+    >>> hostcall.metrics.read(run.dir)["loss"].tolist()
+    [0.5]
   """
   return _writers.to_dataframe(_writers.read_records(path))
 

@@ -28,6 +28,19 @@ def plot(run, out: str | os.PathLike | None = None, *,
 
   One panel per metric; one line per vmap member (``member`` column) or
   device, and beyond eight of them their mean in black.
+
+  Raises:
+    ImportError: matplotlib is not installed (``pip install 'hostcall[plot]'``).
+    FileNotFoundError: no run at ``run``.
+    ValueError: the run has no scalar metric to plot.
+
+  Example:
+    >>> import jax, hostcall, tempfile
+    >>> run = hostcall.metrics.Run("plot", root=tempfile.mkdtemp())
+    >>> _ = jax.jit(lambda: [run.log(i, loss=1.0 / (i + 1)) for i in range(3)])()
+    >>> run.close()
+    >>> hostcall.metrics.plot(run.dir).name
+    'metrics.png'
   """
   try:
     import matplotlib

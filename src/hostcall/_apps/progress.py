@@ -16,7 +16,9 @@ host side is ``bars.py``.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import functools
+import inspect
 import threading
 from typing import Any, Callable
 
@@ -151,8 +153,29 @@ def _nested():
     _local.depth -= 1
 
 
+def _tqdm_options() -> frozenset:
+  """The keyword options a tqdm bar takes (those hostcall sets aside)."""
+  import tqdm
+  names = set(inspect.signature(tqdm.tqdm.__init__).parameters)
+  return frozenset(names - {"self", "iterable", "kwargs", "desc", "total",
+                            "unit", "position", "leave", "file"})
+
+
 def _spec(desc, total, unit, leave, file, all_processes, options):
   position = getattr(_local, "depth", 0)
+  unknown = sorted(set(options) - _tqdm_options())
+  if unknown:
+    hints = []
+    for name in unknown:
+      close = difflib.get_close_matches(
+          name, sorted(_tqdm_options()) + ["desc", "every", "unit", "leave",
+                                           "file", "all_processes"], n=1)
+      hints.append(f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close
+                                  else ""))
+    raise TypeError(
+        f"hostcall.progress got unknown option(s) {', '.join(hints)}. It "
+        "takes desc, every, unit, leave, file, all_processes and tqdm's "
+        f"options: {', '.join(sorted(_tqdm_options()))}.")
   try:
     items = tuple(sorted(options.items()))
     hash(items)
@@ -267,7 +290,7 @@ def scan(f: Callable, init, xs=None, length: int | None = None,
   def body(state, x):
     count, carry = state
     with _nested():
-      carry, y = f(carry, x)
+      carry, y = buffering.step_output(f(carry, x))
     return (count + 1, carry), y
 
   handle, count = _open(site, steps)
@@ -450,5 +473,14 @@ def track(body: Callable | None = None, *, total: int | None = None,
 
 
 def close_all() -> None:
-  """Closes every bar still open (normally they close themselves)."""
+  """Closes every bar still open.
+
+  Bars close themselves when their loop ends, when their computation fails
+  in a host function, and at the next ``hostcall.barrier()`` when it fails
+  elsewhere; this closes the rest at once (say, before printing a report).
+
+  Example:
+    >>> import hostcall
+    >>> hostcall.progress.close_all()
+  """
   _bars.bars.close_all()

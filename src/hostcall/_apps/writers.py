@@ -23,7 +23,33 @@ import numpy as np
 @dataclasses.dataclass
 class Block:
   """Rows of metrics: ``step`` and the optional ``member`` / ``device``
-  columns, and one column per metric (first axis: the rows)."""
+  columns, and one column per metric (first axis: the rows).
+
+  What a ``Writer`` receives: one block per host delivery of a
+  ``Run.log`` call (one step, or ``every`` steps inside ``hostcall.scan``),
+  with one row per step and vmap member, ordered by step, then member.
+  ``len(block)`` is the number of rows.
+
+  Attributes:
+    step: the step of each row (int64).
+    metrics: the metrics by name, each an array whose first axis is the
+      rows (a scalar metric is a column; an array metric has the array's
+      shape after the first axis). Any string is a name.
+    member: the vmap member of each row (row-major over nested vmaps), or
+      None outside ``vmap``.
+    device: the id of the device that logged each row, or None where JAX
+      sees a single device.
+
+  Example:
+    >>> import numpy as np, hostcall
+    >>> block = hostcall.metrics.Block(
+    ...     step=np.array([0, 0]), member=np.array([0, 1]),
+    ...     metrics={"w": np.array([[1.0, 2.0], [3.0, 4.0]])})
+    >>> len(block)
+    2
+    >>> block.records()
+    [{'step': 0, 'member': 0, 'w': [1.0, 2.0]}, {'step': 0, 'member': 1, 'w': [3.0, 4.0]}]
+  """
 
   step: np.ndarray
   metrics: dict[str, np.ndarray]
@@ -34,6 +60,12 @@ class Block:
     return len(self.step)
 
   def index_columns(self) -> dict[str, np.ndarray]:
+    """The columns that say where each row comes from.
+
+    Returns:
+      ``{"step": ...}``, with ``"member"`` and ``"device"`` where present, in
+      that order: what a writer puts before the metrics.
+    """
     columns = {"step": self.step}
     if self.member is not None:
       columns["member"] = self.member
@@ -42,7 +74,14 @@ class Block:
     return columns
 
   def records(self) -> list[dict[str, Any]]:
-    """The rows as dicts of Python values (arrays become nested lists)."""
+    """The rows as dicts of Python values (arrays become nested lists).
+
+    Returns:
+      One dict a row: the index columns (``step``, ``member``, ``device``
+      where present), then the metrics. Booleans become 0/1, complex
+      numbers their magnitude, small integer and float types of
+      ``ml_dtypes`` Python ints and floats.
+    """
     columns = {**self.index_columns(), **self.metrics}
     lists = {name: _python(values) for name, values in columns.items()}
     names = list(lists)
@@ -84,23 +123,95 @@ def _texts(values: np.ndarray, json_style: bool) -> list[str]:
 
 
 class Writer:
-  """The interface of a metrics writer; subclass it for a new format."""
+  """The interface of a metrics writer; subclass it for a new format.
+
+  A ``hostcall.metrics.Run`` given an instance (``Run(name,
+  writers=[MyWriter(...)])``) calls its ``write`` with every block of rows
+  logged, on the run's writer thread (shared by every run of the process,
+  never the thread that delivers callbacks), in the order the blocks were
+  logged; ``flush`` at every ``hostcall.barrier()`` and ``Run.flush()``;
+  ``close`` once, when the run closes (``Run.close()``, a new run of the
+  same directory, or interpreter exit). Only ``write`` must be defined.
+
+  An exception raised by any of them is logged and raised by the next
+  ``hostcall.barrier()`` as ``hostcall.CallbackException``; the run's
+  other writers still receive every row.
+
+  Example:
+    >>> import jax, hostcall
+    >>> class Collect(hostcall.metrics.Writer):
+    ...   def __init__(self):
+    ...     self.rows = []
+    ...   def write(self, block):
+    ...     self.rows.extend(block.records())
+    >>> collect = Collect()
+    >>> run = hostcall.metrics.Run("doc-writer", writers=[collect])
+    >>> _ = jax.jit(lambda x: run.log(7, loss=x))(0.5)
+    >>> run.close()
+    >>> collect.rows
+    [{'step': 7, 'loss': 0.5}]
+  """
 
   def write(self, block: Block) -> None:
+    """Writes a block of rows.
+
+    Called on the run's writer thread, once per block, blocks in the order
+    they were logged. It may take its time: the device and the delivery of
+    other callbacks do not wait for it.
+
+    Arguments:
+      block: the rows (see ``Block``); its arrays are the writer's to keep.
+
+    Raises:
+      NotImplementedError: in this base class; subclasses define it.
+    """
     raise NotImplementedError
 
   def flush(self) -> None:
+    """Makes every row written so far reach its destination (a file's
+    buffer to the disk, say).
+
+    Called by ``hostcall.barrier()``, ``Run.flush()`` and before ``close``,
+    from the thread that asked, once every block logged before has gone
+    through ``write``. The base class does nothing.
+    """
     pass
 
   def close(self) -> None:
+    """Releases what the writer holds (files, handles); called once, when
+    its run closes, after a last ``flush``. No ``write`` follows.
+
+    The base class calls ``flush()``.
+    """
     self.flush()
 
 
 class JsonlWriter(Writer):
   """One JSON object a line: ``{"step": 3, "loss": 0.25, ...}``.
 
-  Non-finite floats are written as ``NaN`` / ``Infinity``, as Python's
-  ``json`` module and pandas read them.
+  What ``Run(writers=["jsonl"])`` (the default) writes to
+  ``<root>/<name>/metrics.jsonl``. Floats are written in their shortest
+  form for their own precision (a float32 0.1 is ``0.1``); an array metric
+  is a nested JSON list. Non-finite floats are written as ``NaN`` /
+  ``Infinity``, as Python's ``json`` module and pandas read them. The file
+  is created afresh (its directory too).
+
+  Arguments:
+    path: the file to write.
+
+  Attributes:
+    path: the file written, as a ``pathlib.Path``.
+
+  Example:
+    >>> import numpy as np, hostcall
+    >>> writer = hostcall.metrics.JsonlWriter("runs/doc-jsonl/metrics.jsonl")
+    >>> writer.write(hostcall.metrics.Block(
+    ...     step=np.array([0, 1]),
+    ...     metrics={"loss": np.array([0.1, np.nan], np.float32)}))
+    >>> writer.close()
+    >>> print(writer.path.read_text(), end="")
+    {"step": 0, "loss": 0.1}
+    {"step": 1, "loss": NaN}
   """
 
   def __init__(self, path: str | os.PathLike):
@@ -109,6 +220,11 @@ class JsonlWriter(Writer):
     self._file = open(self.path, "w", encoding="utf-8")
 
   def write(self, block: Block) -> None:
+    """Appends one line per row of ``block``.
+
+    Arguments:
+      block: the rows to write.
+    """
     # Formatted column by column: about a microsecond a row.
     columns = {**block.index_columns(), **block.metrics}
     texts = [
@@ -122,10 +238,12 @@ class JsonlWriter(Writer):
         for row in zip(*texts)))
 
   def flush(self) -> None:
+    """Flushes the file's buffer (nothing once closed)."""
     if not self._file.closed:
       self._file.flush()
 
   def close(self) -> None:
+    """Closes the file; closing twice does nothing."""
     if not self._file.closed:
       self._file.close()
 
@@ -142,7 +260,32 @@ def _flat_columns(name: str, values: np.ndarray) -> dict[str, np.ndarray]:
 class CsvWriter(Writer):
   """A CSV table with a header; an array metric takes one column an element
   (``w[0]``, ``w[1]``, ...). A metric first logged after rows were written
-  widens the table (the file is rewritten once, earlier rows left empty)."""
+  widens the table (the file is rewritten once, earlier rows left empty).
+
+  What ``Run(writers=["csv"])`` writes to ``<root>/<name>/metrics.csv``.
+  The file is created at the first block (its directory at once). Two
+  metrics that would take the same column (an array ``w`` and a scalar
+  named ``w[0]``) make ``write`` raise ``ValueError`` rather than write a
+  corrupt table.
+
+  Arguments:
+    path: the file to write.
+
+  Attributes:
+    path: the file written, as a ``pathlib.Path``.
+
+  Example:
+    >>> import numpy as np, hostcall
+    >>> writer = hostcall.metrics.CsvWriter("runs/doc-csv/metrics.csv")
+    >>> writer.write(hostcall.metrics.Block(
+    ...     step=np.array([0, 1]),
+    ...     metrics={"w": np.array([[1.0, 2.0], [3.0, 4.0]], np.float32)}))
+    >>> writer.close()
+    >>> print(writer.path.read_text(), end="")
+    step,w[0],w[1]
+    0,1.0,2.0
+    1,3.0,4.0
+  """
 
   def __init__(self, path: str | os.PathLike):
     self.path = pathlib.Path(path)
@@ -151,6 +294,15 @@ class CsvWriter(Writer):
     self._file = None
 
   def write(self, block: Block) -> None:
+    """Appends one line per row of ``block``, widening the table first if
+    the block has new columns.
+
+    Arguments:
+      block: the rows to write.
+
+    Raises:
+      ValueError: two metrics would be written to the same column.
+    """
     columns = dict(block.index_columns())
     for name, values in block.metrics.items():
       flat = _flat_columns(name, values)
@@ -185,10 +337,13 @@ class CsvWriter(Writer):
     csv.DictWriter(self._file, self._header, restval="").writerows(rows)
 
   def flush(self) -> None:
+    """Flushes the file's buffer (nothing before the first block or once
+    closed)."""
     if self._file is not None and not self._file.closed:
       self._file.flush()
 
   def close(self) -> None:
+    """Closes the file; closing twice does nothing."""
     if self._file is not None and not self._file.closed:
       self._file.close()
 
@@ -196,7 +351,33 @@ class CsvWriter(Writer):
 class TensorBoardWriter(Writer):
   """TensorBoard event files through ``tensorboardX`` (the ``tensorboard``
   extra): scalars as scalars, arrays as histograms; a vmap member's values
-  under ``<name>/member_<k>``."""
+  under ``<name>/member_<k>``.
+
+  What ``Run(writers=["tensorboard"])`` writes to
+  ``<root>/<name>/tensorboard/`` (``tensorboard --logdir runs`` shows every
+  run). Where rows carry a device, its values go under
+  ``<name>/device_<id>`` (then ``/member_<k>``). Any metric name is taken as
+  a tag.
+
+  Arguments:
+    logdir: the directory of the event files.
+
+  Attributes:
+    logdir: that directory, as a ``pathlib.Path``.
+
+  Raises:
+    ImportError: ``tensorboardX`` is not installed (``pip install
+      'hostcall[tensorboard]'``).
+
+  Example:
+    >>> import numpy as np, hostcall
+    >>> writer = hostcall.metrics.TensorBoardWriter("runs/doc-tb/tensorboard")
+    >>> writer.write(hostcall.metrics.Block(
+    ...     step=np.array([0, 1]), metrics={"loss": np.array([1.0, 0.5])}))
+    >>> writer.close()
+    >>> any(p.name.startswith("events.") for p in writer.logdir.iterdir())
+    True
+  """
 
   def __init__(self, logdir: str | os.PathLike):
     try:
@@ -209,6 +390,12 @@ class TensorBoardWriter(Writer):
     self._writer = SummaryWriter(logdir=str(self.logdir))
 
   def write(self, block: Block) -> None:
+    """Adds a scalar (scalar metrics) or a histogram (array metrics) per
+    row and metric, at the row's step.
+
+    Arguments:
+      block: the rows to write.
+    """
     steps = block.step.tolist()
     members = (block.member.tolist() if block.member is not None
                else [None] * len(steps))
@@ -230,30 +417,69 @@ class TensorBoardWriter(Writer):
           self._writer.add_histogram(tag, values[row], step)
 
   def flush(self) -> None:
+    """Writes the pending events to the event file."""
     self._writer.flush()
 
   def close(self) -> None:
+    """Flushes and closes the event file."""
     self._writer.close()
 
 
 class MemoryWriter(Writer):
   """Keeps every row in memory; ``dataframe()`` returns them as a pandas
-  DataFrame, ``records()`` as dicts."""
+  DataFrame, ``records()`` as dicts.
+
+  What ``Run(writers=["memory"])`` uses, and what ``Run.records()`` and
+  ``Run.dataframe()`` read when the run has one (after flushing the run;
+  read the writer itself only after ``hostcall.barrier()`` or
+  ``Run.flush()``).
+
+  Example:
+    >>> import numpy as np, hostcall
+    >>> writer = hostcall.metrics.MemoryWriter()
+    >>> writer.write(hostcall.metrics.Block(
+    ...     step=np.array([0, 1]), metrics={"loss": np.array([1.0, 0.5])}))
+    >>> writer.records()
+    [{'step': 0, 'loss': 1.0}, {'step': 1, 'loss': 0.5}]
+  """
 
   def __init__(self):
     self._blocks: list[Block] = []
 
   def write(self, block: Block) -> None:
+    """Keeps ``block``.
+
+    Arguments:
+      block: the rows to keep.
+    """
     self._blocks.append(block)
 
   def records(self) -> list[dict[str, Any]]:
+    """Every row kept so far, as dicts of Python values.
+
+    Returns:
+      One dict a row, in the order written (see ``Block.records``).
+    """
     return [r for block in self._blocks for r in block.records()]
 
   def dataframe(self):
+    """Every row kept so far, as a pandas DataFrame.
+
+    Returns:
+      A ``pandas.DataFrame`` with ``step`` (and ``member``, ``device``
+      where logged) and a column per metric; an array metric's cells are
+      NumPy arrays. A metric missing from some rows is NaN there.
+
+    Raises:
+      ImportError: pandas is not installed (``pip install
+        'hostcall[pandas]'``).
+    """
     return to_dataframe(self.records())
 
 
 def to_dataframe(records: list[dict[str, Any]]):
+  """``records`` (dicts, one a row) as a pandas DataFrame whose array
+  metrics are NumPy arrays, one a cell."""
   try:
     import pandas as pd
   except ImportError as exc:
@@ -316,7 +542,24 @@ def read_records(path: str | os.PathLike) -> list[dict[str, Any]]:
 
 class IncompleteRowsWarning(UserWarning):
   """``metrics.read`` skipped rows that were cut off (a process stopped
-  mid-write) or are not rows at all."""
+  mid-write) or are not rows at all.
+
+  The message names the file, the skipped line numbers (the first ten) and
+  how many rows are complete; the complete rows are returned. Filter it
+  with ``warnings.simplefilter("ignore", IncompleteRowsWarning)`` where a
+  run may still be writing.
+
+  Example:
+    >>> import pathlib, warnings, hostcall
+    >>> path = pathlib.Path("runs/doc-cut/metrics.jsonl")
+    >>> path.parent.mkdir(parents=True, exist_ok=True)
+    >>> _ = path.write_text('{"step": 0, "loss": 1.0}\\n{"step": 1, "lo')
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...   warnings.simplefilter("always")
+    ...   frame = hostcall.metrics.read(path)
+    >>> len(frame), caught[0].category.__name__
+    (1, 'IncompleteRowsWarning')
+  """
 
 
 def _jsonl_rows(text: str) -> tuple[list, list]:

@@ -430,9 +430,19 @@ def set_queue_capacity(nbytes: int) -> None:
 
 
 def queue_stats() -> dict:
-  """The asynchronous queue's counters: ``pushed``, ``delivered``,
-  ``queued``, ``queued_bytes``, ``capacity``, ``producer_waits`` (times a
-  tap waited for room), and ``native`` (which queue is in use)."""
+  """The asynchronous queue's counters.
+
+  Returns:
+    A dict: ``pushed`` and ``delivered`` (taps so far), ``queued`` and
+    ``queued_bytes`` (waiting now), ``capacity`` (the bound, bytes),
+    ``producer_waits`` (times a tap waited for room), ``producers_waiting``
+    (taps waiting now) and ``native`` (whether the C++ queue is in use).
+
+  Example:
+    >>> import hostcall
+    >>> hostcall.queue_stats()["capacity"]
+    67108864
+  """
   stats = delivery.stats()
   stats["native"] = delivery.native
   return stats

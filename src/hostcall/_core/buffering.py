@@ -170,6 +170,21 @@ def _failed(target) -> None:
   host.errors.record(exc, formatted)
 
 
+def step_output(out) -> tuple:
+  """A scan body's ``(carry, y)``, or ``lax.scan``'s error and the fix."""
+  if isinstance(out, (tuple, list)) and len(out) == 2:
+    return tuple(out)
+  leaves = jax.tree_util.tree_leaves(out)
+  if len(leaves) == 1 and hasattr(leaves[0], "shape"):
+    got = f"{jnp.result_type(leaves[0])}{list(jnp.shape(leaves[0]))}"
+  else:
+    got = f"{type(out).__name__} {jax.tree_util.tree_structure(out)}"
+  raise TypeError(
+      f"scan body output must be a pair, got {got}: the body returns "
+      "(carry, y), y being what the step adds to the stacked outputs (None "
+      "for nothing), as for jax.lax.scan.")
+
+
 def scan_length(xs, length: int | None, who: str) -> int:
   """The number of steps of a scan over ``xs`` (or of ``length``)."""
   leaves = jax.tree_util.tree_leaves(xs)
@@ -232,7 +247,7 @@ def scan(f: Callable, init, xs=None, length: int | None = None,
   def body(carry, x):
     # Taps of one step become extra outputs, stacked by the inner scan.
     with collecting() as collector:
-      carry, y = f(carry, x)
+      carry, y = step_output(f(carry, x))
     targets[:] = [FlushTarget(collector.signature(), every)]
     return carry, (y, [v for _, vals, _ in collector.taps for v in vals])
 

@@ -35,8 +35,25 @@ _TAG_PATTERN = re.compile(r"hostcall host error #(\d+)")
 
 class HostFunctionError(RuntimeError):
   """Stands in, inside the runtime, for a host function's exception whose
-  text the runtime cannot carry; its message is an escaped rendering.
-  ``hostcall.original_errors()`` raises the original instead."""
+  text the runtime cannot carry (a lone surrogate, a NUL byte, an
+  ``__str__`` that raises); its message is an escaped rendering, and
+  ``hostcall.original_errors()`` raises the original instead.
+
+  Example:
+    >>> import jax, hostcall
+    >>> class Opaque(Exception):
+    ...   def __str__(self):
+    ...     raise RuntimeError
+    >>> def host(x):
+    ...   raise Opaque()
+    >>> f = jax.jit(lambda x: hostcall.pure_callback(
+    ...     host, jax.ShapeDtypeStruct((), x.dtype), x))
+    >>> try:
+    ...   f(1.0)
+    ... except Exception as e:
+    ...   print("HostFunctionError" in str(e), type(hostcall.original_error(e)).__name__)
+    True Opaque
+  """
 
 
 def safe_str(value) -> str:

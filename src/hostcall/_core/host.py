@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 import threading
 import time
@@ -310,6 +311,18 @@ def _stop_computation(target, exc: BaseException) -> BaseException:
   return _errors.for_runtime(exc, target.label)
 
 
+def settle() -> None:
+  """Waits until every callback started so far has run on the host and runs
+  the barrier hooks (rows flushed, orphaned bars closed); raises nothing."""
+  from hostcall._core import asynchronous  # the queue starts on first use
+  _current.barrier_started = time.monotonic()
+  try:
+    asynchronous.wait()
+    run_hooks(_barrier_hooks)
+  finally:
+    _current.barrier_started = None
+
+
 def barrier(logging_name: str | None = None) -> None:
   """Waits until every callback started before it has run on the host.
 
@@ -335,13 +348,7 @@ def barrier(logging_name: str | None = None) -> None:
         "that is running it. Call it from the code that runs the JAX "
         "program, after the call returns.")
   logger.debug("barrier %s: waiting", logging_name or "")
-  from hostcall._core import asynchronous  # the queue starts on first use
-  _current.barrier_started = time.monotonic()
-  try:
-    asynchronous.wait()
-    run_hooks(_barrier_hooks)
-  finally:
-    _current.barrier_started = None
+  settle()
   logger.debug("barrier %s: done", logging_name or "")
   failure = errors.take()
   if failure is not None:
@@ -358,6 +365,32 @@ def check_callable(fn: Callable, what: str) -> None:
         f"{what} must be callable, got {fn!r} of type {type(fn).__name__}; "
         "pass the function itself (`f`), not the result of calling it "
         "(`f(x)`).")
+
+
+def _name(fn) -> str:
+  name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
+  module = getattr(fn, "__module__", None)
+  if name and module and module not in ("builtins", "__main__"):
+    return f"{module}.{name}"
+  return name or repr(fn)
+
+
+def check_arguments(fn: Callable, args: Sequence, kwargs: dict, what: str,
+                    fix: str) -> None:
+  """Raises ``TypeError`` when the trace already shows that ``fn`` cannot
+  take the arguments its host call will give it (``args``/``kwargs``:
+  placeholders of the right number and names), saying how to fix it."""
+  try:
+    signature = inspect.signature(fn)
+  except (TypeError, ValueError):
+    return  # no signature to read (some builtins): the call will tell
+  try:
+    signature.bind(*args, **kwargs)
+  except TypeError as exc:
+    given = ", ".join([*args, *(f"{k}=..." for k in kwargs)]) or "nothing"
+    raise TypeError(
+        f"{what} will call {_name(fn)}{signature} with ({given}), which it "
+        f"cannot take: {exc}. {fix}") from None
 
 
 _ARRAY_LIKE = (jax.Array, jax.core.Tracer, np.ndarray, np.generic, bool, int,

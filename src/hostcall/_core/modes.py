@@ -42,7 +42,10 @@ def delivery(mode: str):
   """Taps traced inside the block get ``mode`` (see ``set_delivery``).
 
   The mode is fixed when a function is traced: a jitted function keeps the
-  delivery of its first trace.
+  delivery of its first trace. Also a decorator, for the function you jit.
+
+  Arguments:
+    mode: ``"sync"`` or ``"async"``.
 
   Example:
     >>> import jax, hostcall

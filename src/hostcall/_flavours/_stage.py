@@ -9,7 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from hostcall._core import bind, results
-from hostcall._core.host import check_callable, check_operands
+from hostcall._core.host import (check_arguments, check_callable,
+                                 check_operands)
 from hostcall._flavours import _linear, derivatives
 from hostcall._flavours._target import VMAP_METHODS, CallbackSpec, CallbackTarget
 
@@ -18,6 +19,33 @@ def check_vmap_method(vmap_method) -> None:
   if vmap_method not in allowed:
     raise ValueError(
         f"vmap_method must be one of {allowed}, but got: {vmap_method!r}.")
+
+
+def _check_callback_arguments(flavour, callback, result_shape_dtypes, args,
+                              kwargs) -> None:
+  """Refuses, when traced, a callback that cannot take its arguments."""
+  names = [f"arg{i}" for i in range(len(args))]
+  fix = (f"hostcall.{flavour} calls callback(*args, **kwargs) with the "
+         "arguments given after result_shape_dtypes.")
+  if not args and hasattr(result_shape_dtypes, "shape") and (
+      not isinstance(result_shape_dtypes, jax.ShapeDtypeStruct)):
+    fix += (" Did you forget result_shape_dtypes? "
+            f"hostcall.{flavour}(callback, result_shape_dtypes, *args), e.g. "
+            f"hostcall.{flavour}(np.sin, jax.ShapeDtypeStruct(x.shape, "
+            "x.dtype), x).")
+  fn = callback.fn if isinstance(callback, derivatives.HostFunction) else (
+      callback)
+  check_arguments(fn, names, dict.fromkeys(kwargs, None),
+                  f"hostcall.{flavour}", fix)
+  if isinstance(callback, derivatives.HostFunction):
+    for rule, second in ((callback.jvp, "tangents"), (callback.vjp,
+                                                      "cotangent")):
+      if rule is not None:
+        check_arguments(rule, ["primals", second],
+                        dict.fromkeys(kwargs, None),
+                        f"a derivative rule of hostcall.{flavour}",
+                        f"A rule is called as rule(primals, {second}, "
+                        "**kwargs) with the callback's keyword arguments.")
 
 
 def with_rules(callback, jvp, vjp, finite_differences):
@@ -42,6 +70,8 @@ def stage(flavour: str, callback: Callable, result_shape_dtypes, args: tuple,
   a call without rules (``None``: its results are constants).
   """
   check_callable(callback, f"{flavour}'s callback")
+  _check_callback_arguments(flavour, callback, result_shape_dtypes, args,
+                            kwargs)
   flat, in_tree = jax.tree_util.tree_flatten((args, kwargs))
   check_operands(flat, flavour)
   out_tree, out_avals = results.avals_from_shapes(result_shape_dtypes,

@@ -10,7 +10,8 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from hostcall._core.host import check_callable, is_array_like
+from hostcall._core.host import (check_arguments, check_callable,
+                                 is_array_like)
 from hostcall._flavours import _stage
 
 _print_lock = threading.Lock()
@@ -92,6 +93,10 @@ def debug_callback(callback: Callable[..., None] | None = None, *args: Any,
   """
   def staged(fn, *c_args, **c_kwargs):
     check_callable(fn, "debug_callback's callback")
+    check_arguments(fn, [f"arg{i}" for i in range(len(c_args))],
+                    dict.fromkeys(c_kwargs, None), "hostcall.debug_callback",
+                    "debug_callback calls callback(*args, **kwargs) with the "
+                    "arguments given after it.")
     _stage_debug("debug_callback", fn, c_args, c_kwargs, ordered,
                  partitioned)
 

@@ -46,6 +46,18 @@ def fd_step(x: np.ndarray, direction: np.ndarray) -> float:
   about 6e-6 relative: the truncation error (``h**2``) and the rounding error
   (``eps / h``) are then balanced, each about 4e-11 relative for a smooth
   function evaluated in float64.
+
+  Arguments:
+    x: the point (all floating inputs, flattened).
+    direction: the tangent along which to differentiate, shaped like ``x``.
+
+  Returns:
+    The step ``h``: the host function is evaluated at ``x ± h * direction``.
+
+  Example:
+    >>> import numpy as np, hostcall
+    >>> float(hostcall.fd_step(np.array([1.0, 2.0]), np.array([1.0, 0.0])))
+    1.21109...e-05
   """
   scale = max(1.0, float(np.max(np.abs(x), initial=0.0)))
   norm = float(np.max(np.abs(direction), initial=0.0))

@@ -1,4 +1,4 @@
-"""The examples of seed 003 (jax.experimental.host_callback), in English.
+"""The removed jax.experimental.host_callback, on today's JAX: a tour.
 
 Only the import changed: ``from jax.experimental import host_callback`` became
 ``from hostcall import host_callback``.

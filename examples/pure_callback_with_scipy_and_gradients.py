@@ -1,4 +1,4 @@
-"""The examples of seed 002 (pure_callback), in English.
+"""pure_callback: a pure host function under jit, vmap and grad.
 
 ``jax.pure_callback`` became ``hostcall.pure_callback``. Two calls gained the
 one argument modern JAX needs: ``vmap_method="sequential"`` for ``vmap``

@@ -1,4 +1,4 @@
-"""`hostcall tour`: legacy host_callback taps under jit, scan, vmap and grad."""
+"""A tour of the legacy host_callback taps under jit, scan, vmap and grad."""
 
 from __future__ import annotations
 
@@ -13,7 +13,14 @@ def _section(title: str) -> None:
   print(f"\n== {title}")
 
 
-def main() -> int:
+HELP = "legacy host_callback taps under jit, scan, vmap and grad"
+
+
+def add_arguments(parser) -> None:
+  del parser  # no options
+
+
+def run(args=None) -> int:
   _section("jit + scan: one tap per step, delivered in program order")
 
   def step(carry, x):

@@ -13,16 +13,14 @@ Usage: hostcall bench [--steps N] [--repeats R] [--smoke] [--out DIR]
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import pathlib
 import platform
 import statistics
+import tempfile
 import threading
 import time
-
-import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -31,6 +29,7 @@ from jax.experimental import io_callback
 
 import hostcall
 from hostcall import host_callback as hcb
+from hostcall.cli.arguments import positive_int
 
 
 def _noop(*args, **kwargs):
@@ -330,19 +329,28 @@ def _chart(rows, path) -> bool:
   return True
 
 
-def main(argv=None) -> int:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--steps", type=int, default=2000)
-  parser.add_argument("--repeats", type=int, default=7)
+HELP = "hostcall's speed against plain JAX, measured here"
+
+
+def add_arguments(parser) -> None:
+  parser.add_argument("--steps", type=positive_int, default=2000,
+                      help="steps of the benchmark scan (default: 2000)")
+  parser.add_argument("--repeats", type=positive_int, default=7,
+                      help="timed runs per row; rows report the median "
+                      "(default: 7)")
   parser.add_argument("--smoke", action="store_true",
                       help="tiny sizes: check that the benchmark runs")
-  parser.add_argument("--out", default="benchmarks/results",
-                      help="directory for latest.json and latest.png")
-  args = parser.parse_args(argv)
+  parser.add_argument("--out", default=None,
+                      help="directory for latest.json and latest.png "
+                      "(default: a new temporary directory, printed)")
+
+
+def run(args) -> int:
   steps, repeats = (40, 2) if args.smoke else (args.steps, args.repeats)
   rows = measure(steps, repeats)
   _print(rows, steps, repeats)
-  results = pathlib.Path(args.out)
+  results = pathlib.Path(args.out or
+                         tempfile.mkdtemp(prefix="hostcall-bench-"))
   results.mkdir(parents=True, exist_ok=True)
   (results / "latest.json").write_text(json.dumps(
       {"steps": steps, "repeats": repeats, "jax": jax.__version__,
@@ -351,7 +359,3 @@ def main(argv=None) -> int:
   if _chart(rows, results / "latest.png"):
     print(f"chart: {results / 'latest.png'}")
   return 0
-
-
-if __name__ == "__main__":
-  raise SystemExit(main())

@@ -1,4 +1,4 @@
-"""The examples of seed 000 (io_callback inside jit, vmap, grad), in English.
+"""io_callback inside jit, vmap and grad: an impure host function, step by step.
 
 ``from jax.experimental import io_callback`` became
 ``from hostcall import io_callback``; where an example shows a JAX wall, the

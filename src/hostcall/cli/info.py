@@ -1,0 +1,65 @@
+"""Versions, devices, the host paths in use and the extras installed."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import sys
+
+HELP = "versions, devices and which host path is active"
+
+
+def _version(distribution: str) -> str:
+  try:
+    return importlib.metadata.version(distribution)
+  except importlib.metadata.PackageNotFoundError:
+    return "not installed"
+
+
+def _supported_jax() -> str:
+  try:
+    requires = importlib.metadata.requires("hostcall") or []
+  except importlib.metadata.PackageNotFoundError:
+    return "unknown (hostcall is not installed as a package)"
+  pins = [r.split(";")[0].strip() for r in requires
+          if r.split(";")[0].strip().startswith(("jax>", "jax=", "jax<",
+                                                  "jaxlib"))
+          and "extra ==" not in r]
+  return ", ".join(pins) or "unknown"
+
+
+def add_arguments(parser) -> None:
+  del parser  # no options
+
+
+def run(args) -> int:
+  del args
+  import jax
+  import jaxlib
+  import numpy
+
+  import hostcall
+  from hostcall import _native
+  from hostcall._core import modes
+
+  print(f"hostcall {hostcall.__version__}")
+  print(f"jax {jax.__version__}, jaxlib {jaxlib.__version__}, "
+        f"numpy {numpy.__version__}, python {sys.version.split()[0]}")
+  print(f"supported: {_supported_jax()}")
+  print(f"backend {jax.default_backend()}: {jax.devices()}")
+  print(f"processes: {jax.process_count()} (this one: {jax.process_index()})")
+  print("sync taps: jax.interpreters.mlir.emit_python_callback "
+        "(ordered by JAX effect tokens)")
+  print(f"async taps: {_native.status()}")
+  print(f"native cache: {_native.cache_dir()} (HOSTCALL_CACHE), compiler: "
+        f"{_native.compiler() or 'none found (set CXX)'}")
+  print(f"queue capacity: {hostcall.queue_stats()['capacity']} bytes")
+  print(f"default delivery: {modes.current()}")
+  widgets = _version("ipywidgets")
+  print("notebook widgets: " + (
+      f"ipywidgets {widgets} (widget bars in Jupyter)"
+      if widgets != "not installed" else
+      "not installed (text bars in Jupyter; pip install 'hostcall[notebook]')"))
+  print("extras: " + ", ".join(
+      f"{name} {_version(name)}" for name in
+      ("tqdm", "pandas", "matplotlib", "tensorboardX", "scipy")))
+  return 0

@@ -1,0 +1,90 @@
+"""In a real Jupyter kernel, each cell's host output lands in that cell."""
+
+import os
+import pathlib
+import sys
+
+import nbclient
+import nbformat
+
+ROOT = pathlib.Path(__file__).parent.parent
+
+CELLS = [
+    # 0: a progress bar without a barrier at the end of the cell
+    """
+import io, time, jax, jax.numpy as jnp, numpy as np, hostcall
+from hostcall import host_callback as hcb
+bar = io.StringIO()
+def step(c, _):
+  return c + 1.0, None
+out = jax.jit(lambda: hostcall.progress.scan(step, 0.0, length=300, file=bar,
+                                             desc="fit", every=10))()
+print("cell0 result", float(out[0]))
+""",
+    # 1: what cell 0's bar drew was complete when cell 0 ended
+    """
+print("cell1 bar complete:", "300/300" in bar.getvalue())
+""",
+    # 2: debug_print inside jit
+    """
+jax.jit(lambda x: hostcall.debug_print("cell2 debug_print {}", x))(2)
+""",
+    # 3: id_print, synchronous, under vmap
+    """
+_ = jax.jit(jax.vmap(lambda x: hcb.id_print(x, what="cell3")))(jnp.arange(2.0))
+""",
+    # 4: asynchronous taps that the host delivers slowly
+    """
+def slow(a, t):
+  time.sleep(0.05)
+  print("cell4 async tap", int(a))
+_ = jax.jit(lambda: jax.lax.fori_loop(0, 5, lambda i, c: (
+    hcb.id_tap(slow, i, delivery="async"), c)[1], 0))()
+""",
+    # 5: a cell that prints nothing of hostcall's
+    """
+print("cell5 plain")
+""",
+    # 6: metrics rows are on disk when the cell ends
+    """
+import tempfile
+root = tempfile.mkdtemp()
+run = hostcall.metrics.Run("nb", root=root)
+_ = jax.jit(lambda: [run.log(i, v=i * 1.0) for i in range(3)])()
+""",
+    """
+print("cell7 rows", open(f"{root}/nb/metrics.jsonl").read().count("step"))
+""",
+]
+
+
+def _text(cell) -> str:
+  parts = []
+  for output in cell.outputs:
+    if output.get("output_type") == "stream":
+      parts.append(output["text"])
+    elif "data" in output and "text/plain" in output["data"]:
+      parts.append(output["data"]["text/plain"])
+  return "".join(parts)
+
+
+def test_each_cells_host_output_lands_in_that_cell(tmp_path):
+  notebook = nbformat.v4.new_notebook()
+  notebook.cells = [nbformat.v4.new_code_cell(c.strip()) for c in CELLS]
+  env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+  client = nbclient.NotebookClient(
+      notebook, timeout=240, kernel_name="python3",
+      resources={"metadata": {"path": str(tmp_path)}})
+  client.km = client.kernel_manager_class(kernel_name="python3")
+  client.km.kernel_spec.argv[0] = sys.executable  # this environment's kernel
+  client.km.kernel_spec.env.update(env)
+  client.execute()
+  texts = [_text(cell) for cell in notebook.cells]
+  assert "cell0 result 300.0" in texts[0]
+  assert texts[1].strip() == "cell1 bar complete: True"
+  assert texts[2] == "cell2 debug_print 2\n"
+  assert texts[3] == ("transforms: [('batch', {'batch_dims': (0,)})] what: "
+                      "cell3\n[0. 1.]\n")
+  assert texts[4] == "".join(f"cell4 async tap {i}\n" for i in range(5))
+  assert texts[5] == "cell5 plain\n"
+  assert texts[7] == "cell7 rows 3\n"
