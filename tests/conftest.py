@@ -4,17 +4,24 @@ import jax
 import numpy as np
 import pytest
 
-from hostcall._core import host
+from hostcall._core import errors
+from hostcall._core.barriers import settle
 
 
 @pytest.fixture(autouse=True)
 def _no_leftover_tap_errors():
-  """Each test starts and ends with no pending tap exceptions."""
-  jax.effects_barrier()
-  host.errors.take()
+  """Each test starts with nothing pending and must end so: every host call
+  it started delivered, and every tap exception it caused raised by a
+  barrier it asserted on (not left for the next test)."""
+  settle()
+  errors.take_postponed()
   yield
-  jax.effects_barrier()
-  host.errors.take()
+  settle()
+  leftover = errors.take_postponed()
+  if leftover is not None:
+    exc, formatted, count = leftover
+    pytest.fail(f"the test left {count} tap exception(s) no barrier raised; "
+                f"the last:\n{formatted}", pytrace=False)
 
 
 class Recorder:

@@ -102,7 +102,7 @@ def test_every_dtype_is_logged_and_read_back(tmp_path):
 
 
 def test_a_failing_delivery_never_kills_the_consumer(monkeypatch):
-  from hostcall._core import asynchronous
+  from hostcall._async import queue as asynchronous
   got = []
   f = jax.jit(lambda x: hcb.id_tap(lambda a, t: got.append(int(a)), x,
                                    delivery="async"))
@@ -225,6 +225,50 @@ def test_original_errors_gives_the_exception_itself():
   assert "lookup" in frames
 
 
+def _assert_fails():
+  assert False  # noqa: B011 - an AssertionError without a message
+
+
+def _raise_bare():
+  raise NotImplementedError
+
+
+def _raise_two_lines():
+  raise ValueError("two\nlines\n")
+
+
+def _raise_stop():
+  raise StopIteration(3)
+
+
+@pytest.mark.parametrize("raiser, kind", [
+    (_assert_fails, AssertionError), (_raise_bare, NotImplementedError),
+    (_raise_two_lines, ValueError), (_raise_stop, StopIteration)])
+def test_original_errors_gives_back_empty_and_odd_messages(raiser, kind):
+  f = jax.jit(lambda x: hostcall.pure_callback(
+      lambda v: raiser(), jax.ShapeDtypeStruct((), jnp.float32), x))
+  with pytest.raises(kind) as info:
+    with hostcall.original_errors():
+      f(1.0)
+  assert raiser.__name__ in [frame.name for frame in __import__(
+      "traceback").extract_tb(info.value.__traceback__)]
+
+
+def test_a_failure_of_jaxs_own_callback_is_not_taken_for_hostcalls():
+  def ours(v):
+    raise ValueError("index 3")
+
+  def theirs(v):
+    raise ValueError("index 3")
+
+  spec = jax.ShapeDtypeStruct((), jnp.float32)
+  with pytest.raises(Exception):
+    jax.jit(lambda x: hostcall.pure_callback(ours, spec, x))(1.0)
+  with pytest.raises(Exception) as info:
+    jax.jit(lambda x: jax.pure_callback(theirs, spec, x))(1.0)
+  assert hostcall.original_error(info.value) is None
+
+
 # --- 3. re-entrant asynchronous delivery ---------------------------------------
 
 @pytest.mark.parametrize("native", ["1", "0"])
@@ -251,6 +295,62 @@ def test_reentrant_asynchronous_taps_make_progress(native):
       print(len(outer_seen), len(inner_seen), len(run.records()))
       """, timeout=120, env={"HOSTCALL_NATIVE": native})
   assert proc.stdout.split() == ["30", "600", "30"]
+
+
+@pytest.mark.parametrize("native", ["1", "0"])
+def test_a_host_function_waiting_on_another_thread_makes_progress(native):
+  # The asynchronous host function runs a tapping computation through a
+  # worker thread while the queue is full: it waits in concurrent.futures,
+  # not in JAX.
+  proc = _python("""
+      import concurrent.futures, jax, jax.numpy as jnp, hostcall
+      from hostcall import host_callback as hcb
+      hostcall.set_delivery("async")
+      hostcall.set_queue_capacity(1 << 16)
+      pool = concurrent.futures.ThreadPoolExecutor(1)
+      inner_seen, outer_seen = [], []
+      inner = jax.jit(lambda x: jax.lax.scan(lambda c, _: (
+          hcb.id_tap(lambda v, t: inner_seen.append(1), c + 1.0), None), x,
+          None, length=50)[0])
+      def outer(v, t):
+        outer_seen.append(1)
+        if len(outer_seen) == 1:
+          pool.submit(lambda: jax.block_until_ready(
+              inner(jnp.zeros(4096)))).result()
+      f = jax.jit(lambda x: jax.lax.scan(lambda c, i: (c, hcb.id_tap(
+          outer, jnp.full(4096, i, jnp.float32))), x, jnp.arange(50))[0])
+      f(0.0)
+      hostcall.barrier()
+      print(len(outer_seen), len(inner_seen))
+      """, timeout=120, env={"HOSTCALL_NATIVE": native})
+  assert proc.stdout.split() == ["50", "50"]
+
+
+def test_a_queued_call_python_cannot_read_is_reported_and_released(
+    monkeypatch):
+  import ctypes
+  got = []
+  f = jax.jit(lambda x: hcb.id_tap(lambda a, t: got.append(int(a[0])),
+                                   jnp.full((1000,), x), delivery="async"))
+  f(0)
+  hostcall.barrier()
+  if not hostcall.queue_stats()["native"]:
+    pytest.skip("the native queue is not in use")
+  real = ctypes.string_at
+
+  def out_of_memory(address, size):
+    monkeypatch.setattr(ctypes, "string_at", real)
+    raise MemoryError()
+
+  monkeypatch.setattr(ctypes, "string_at", out_of_memory)
+  f(1)
+  with pytest.raises(hcb.CallbackException,
+                     match=r"could not be read into Python \(MemoryError"):
+    hostcall.barrier()
+  assert hostcall.queue_stats()["queued_bytes"] == 0
+  f(2)
+  hostcall.barrier()
+  assert got == [0, 2]
 
 
 def test_barrier_waits_for_taps_made_by_asynchronous_host_functions():
@@ -582,6 +682,16 @@ def test_the_queue_capacity_is_validated(bad):
   with pytest.raises(ValueError, match="from 65536 .* to 2\\*\\*62; got"):
     hostcall.set_queue_capacity(bad)
   assert hostcall.queue_stats()["capacity"] == before
+
+
+@pytest.mark.parametrize("given", [np.int64(1 << 20), np.uint32(1 << 20)])
+def test_the_queue_capacity_takes_any_integer(given):
+  before = hostcall.queue_stats()["capacity"]
+  try:
+    hostcall.set_queue_capacity(given)
+    assert hostcall.queue_stats()["capacity"] == 1 << 20
+  finally:
+    hostcall.set_queue_capacity(before)
 
 
 # --- 19. the native library's cache ---------------------------------------------

@@ -1,5 +1,8 @@
 """hostcall.scan: taps of K steps delivered in one trip, in program order."""
 
+import functools
+import io
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -39,13 +42,13 @@ def test_same_taps_same_order_same_results_as_lax_scan(recorder, steps,
 
 def test_host_calls_are_one_per_chunk():
   flushes = []
-  original = hostcall._core.buffering.FlushTarget.deliver
+  original = hostcall._apps.scan.FlushTarget.deliver
 
   def counting(self, flat_args, context):
     flushes.append(int(flat_args[-1]))
     return original(self, flat_args, context)
 
-  hostcall._core.buffering.FlushTarget.deliver = counting
+  hostcall._apps.scan.FlushTarget.deliver = counting
   try:
     seen = []
     jax.jit(lambda: hostcall.scan(lambda c, _: (hcb.id_tap(
@@ -53,7 +56,7 @@ def test_host_calls_are_one_per_chunk():
         length=10, every=4))()
     hostcall.barrier()
   finally:
-    hostcall._core.buffering.FlushTarget.deliver = original
+    hostcall._apps.scan.FlushTarget.deliver = original
   assert flushes == [4, 4, 2]
   assert seen == list(range(10))
 
@@ -172,3 +175,19 @@ def test_zero_steps_as_lax_scan(recorder):
   assert float(carry) == float(want[0]) and ys.shape == want[1].shape == (0,)
   hcb.barrier_wait()
   assert recorder.calls == []
+
+
+@pytest.mark.parametrize("scan", ["hostcall.scan", "hostcall.progress.scan"])
+@pytest.mark.parametrize("xs, length", [
+    (jnp.ones(10), 5), (jnp.ones(10), 13),
+    ([jnp.ones(10), jnp.ones(12)], None)])
+def test_what_lax_scan_refuses_is_refused_in_its_words(scan, xs, length):
+  run = {"hostcall.scan": hostcall.scan,
+         "hostcall.progress.scan": functools.partial(
+             hostcall.progress.scan, file=io.StringIO())}[scan]
+  body = lambda c, x: (c, None)  # noqa: E731
+  with pytest.raises(ValueError) as expected:
+    jax.lax.scan(body, 0.0, xs, length=length)
+  with pytest.raises(ValueError) as got:
+    run(body, 0.0, xs, length=length)
+  assert str(got.value) == str(expected.value)

@@ -309,6 +309,8 @@ def test_exception_is_logged_later_taps_run_and_barrier_raises(recorder,
   assert "bad value 1.0" in caplog.text
   hcb.barrier_wait()  # the error was reported once
   assert float(f(3.0)) == 3.0  # and the function keeps working
+  with pytest.raises(hcb.CallbackException, match="bad value 3.0"):
+    hcb.barrier_wait()
   assert hcb.TapFunctionException is hcb.CallbackException
 
 

@@ -213,7 +213,7 @@ def test_bad_input_is_explained(tmp_path):
   with pytest.raises(TypeError, match="metric 'name': expected a JAX or "
                      "NumPy array or a Python number, got 'adam'"):
     run.log(0, name="adam")
-  with pytest.raises(TypeError, match="step must be an integer"):
+  with pytest.raises(TypeError, match="step must be one integer"):
     run.log(0.5, loss=1.0)
   with pytest.raises(TypeError, match="at least one metric"):
     run.log(0)

@@ -71,7 +71,9 @@ def test_tap_failure_is_logged_later_taps_run_barrier_raises(delivery, caplog):
   assert seen == [0, 1, 2, 3, 4]
   assert "host function failed on purpose" in caplog.text
   hostcall.barrier()  # reported once
-  assert int(f(0)) == 5
+  assert int(f(0)) == 5  # the function keeps working, and keeps failing
+  with pytest.raises(hcb.CallbackException, match="5 tap function"):
+    hostcall.barrier()
 
 
 # --- 2. bad input -------------------------------------------------------------
@@ -187,7 +189,7 @@ def _load(n_taps, capacity):
     f().block_until_ready()
     hostcall.barrier()
   finally:
-    from hostcall._core import asynchronous
+    from hostcall._async import queue as asynchronous
     hostcall.set_queue_capacity(asynchronous.DEFAULT_CAPACITY)
   return count[0], ordered[0], peak[0], hostcall.queue_stats()[
       "producer_waits"] - waits

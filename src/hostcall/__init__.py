@@ -29,15 +29,15 @@ Public API:
 """
 
 from hostcall import _jax_private, _notebook, host_callback, metrics, progress
+from hostcall._apps.scan import scan
+from hostcall._async.delivery import delivery, set_delivery
+from hostcall._async.queue import queue_stats, set_queue_capacity
 from hostcall._core import (CallbackException, CallContext, barrier,
-                            delivery, set_delivery)
-from hostcall._core.asynchronous import queue_stats, set_queue_capacity
-from hostcall._core.buffering import scan
+                            call_context)
 from hostcall._core.errors import (HostFunctionError, original_error,
                                    original_errors)
-from hostcall._core.host import call_context
+from hostcall._derivatives.rules import HostFunction, fd_step
 from hostcall._flavours.debug import debug_callback, debug_print
-from hostcall._flavours.derivatives import HostFunction, fd_step
 from hostcall._flavours.io import io_callback
 from hostcall._flavours.pure import pure_callback
 

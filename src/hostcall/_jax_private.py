@@ -1,28 +1,173 @@
-"""Every private JAX name hostcall relies on, gathered in one place.
+"""Every JAX name beyond ``jax`` and ``jax.extend`` that hostcall uses.
 
-JAX's public API has no way to declare a new side effect that may appear inside
-``scan``/``while``/``cond``, ``custom_jvp``/``custom_vjp`` and ``checkpoint``,
-nor to reuse the sharding that JAX's own callbacks attach to their custom call.
-Those few names live in ``jax._src``; importing them anywhere else is forbidden
-by convention, and ``tests/test_jax_private.py`` fails loudly when one of them
-moves or changes shape in a new JAX release.
+Two kinds, gathered in one place so that a JAX release that moves one breaks
+here, loudly (``tests/test_jax_private.py`` checks each name), and nowhere
+else:
+
+* the interpreter APIs a primitive needs (``jax.interpreters`` and
+  ``jax.core``): rule registries, symbolic zeros, abstract values, the
+  MLIR helpers;
+* private names (``jax._src``), for what JAX's public API cannot say: a new
+  side effect legal inside ``scan``/``while``/``cond``, ``custom_jvp`` and
+  ``checkpoint``; the sharding JAX gives its own callbacks; JAX's io
+  callback effects; the batching of a ``while`` loop; a few sharding
+  annotations.
 """
 
 from __future__ import annotations
 
+import inspect
+
+import jax
+import numpy as np
+from jax import core as _public_core
+from jax.extend import core as _jex_core
 from jax._src import callback as _callback
+from jax._src import config as _config
 from jax._src import core as _core
 from jax._src import dispatch as _dispatch
 from jax._src import effects as _effects
-from jax._src import config as _config
+from jax._src import literals as _literals
 from jax._src import named_sharding as _named_sharding
 from jax._src import shard_alike as _shard_alike
-from jax._src import traceback_util as _traceback_util
 from jax._src import sharding_impls as _sharding_impls
-from jax._src.lib import xla_client as _xc
+from jax._src import traceback_util as _traceback_util
 from jax._src.interpreters import batching as _batching
-from jax._src.interpreters import mlir as _mlir
+from jax._src.interpreters import mlir as _private_mlir
 from jax._src.interpreters import partial_eval as _pe
+from jax._src.lib import xla_client as _xc
+from jax.interpreters import ad as _ad
+from jax.interpreters import batching as _public_batching
+from jax.interpreters import mlir as _mlir
+from jax.interpreters import partial_eval as _public_pe
+
+# --- interpreter APIs (jax.interpreters, jax.core) --------------------------
+
+#: Abstract values: the shape and dtype of an array; a tracer's class.
+ShapedArray = _public_core.ShapedArray
+Tracer = _public_core.Tracer
+
+#: Automatic differentiation: a symbolic zero tangent, the marker of an
+#: operand being transposed, and the rule registries.
+Zero = _ad.Zero
+UndefinedPrimal = _ad.UndefinedPrimal
+is_undefined_primal = _ad.is_undefined_primal
+primitive_jvps = _ad.primitive_jvps
+primitive_transposes = _ad.primitive_transposes
+
+#: ``vmap``: the rule registries (``fancy`` rules receive the axis data).
+primitive_batchers = _public_batching.primitive_batchers
+fancy_primitive_batchers = _public_batching.fancy_primitive_batchers
+
+#: ``jax.checkpoint``: how a primitive is split between saved and
+#: rematerialised computation.
+partial_eval_jaxpr_custom_rules = _public_pe.partial_eval_jaxpr_custom_rules
+
+#: MLIR lowering: the rule registry, effect tokens, constants
+#: (``emit_python_callback`` and ``aval_to_ir_types``: below, with what
+#: older releases need).
+register_lowering = _mlir.register_lowering
+TokenSet = _mlir.TokenSet
+ir_constant = _mlir.ir_constant
+
+#: The base class of effects, and the current trace: public in
+#: ``jax.extend.core`` from JAX 0.10, the same objects in ``jax._src`` before.
+Effect = getattr(_jex_core, "Effect", None) or _effects.Effect
+take_current_trace = (getattr(_jex_core, "take_current_trace", None)
+                      or _core.take_current_trace)
+
+# Before JAX 0.10, ``aval_to_ir_types(aval)``, without the module context.
+_AVAL_TO_IR_TYPES_TAKES_CONTEXT = len(
+    inspect.signature(_mlir.aval_to_ir_types).parameters) == 2
+
+
+def aval_to_ir_types(module_context, aval):
+  """The IR types of ``aval`` (``mlir.aval_to_ir_types``), on every JAX."""
+  if _AVAL_TO_IR_TYPES_TAKES_CONTEXT:
+    return _mlir.aval_to_ir_types(module_context, aval)
+  return _mlir.aval_to_ir_types(aval)
+
+
+#: Host constants JAX may hand a primitive that are not ``np.ndarray``:
+#: JAX 0.8-0.9's ``TypedNdArray`` wraps one (from 0.10 it subclasses it).
+_TYPED = getattr(_literals, "TypedNdArray", None)
+HOST_CONSTANT_TYPES: tuple[type, ...] = (
+    (_TYPED,) if _TYPED is not None and not issubclass(_TYPED, np.ndarray)
+    else ())
+
+# Before JAX 0.8.2, no ``returns_token``: a token is returned exactly when
+# one is passed, which is what hostcall always asks for.
+_EMIT_TAKES_RETURNS_TOKEN = "returns_token" in inspect.signature(
+    _mlir.emit_python_callback).parameters
+
+# Before JAX 0.10, the token of an ordered callback with results is
+# annotated as replicated, which XLA refuses on several devices ("side-effect
+# HLO cannot have a replicated sharding"); 0.10 puts it on the callback's
+# device, as hostcall then does.
+_TOKEN_SHARDING_IS_REPLICATED = jax.__version_info__ < (0, 10)
+
+# Before JAX 0.10, sub-byte arrays crossing a Python callback are garbled
+# when their size is not a multiple of the packing (JAX's own callbacks
+# too): hostcall widens them around the callback there.
+_WIDER = ({"int2": np.int8, "int4": np.int8, "uint2": np.uint8,
+           "uint4": np.uint8, "float4_e2m1fn": np.float32}
+          if jax.__version_info__ < (0, 10) else {})
+
+
+def _widened(aval):
+  wider = _WIDER.get(getattr(aval.dtype, "name", None))
+  return aval if wider is None else aval.update(dtype=np.dtype(wider))
+
+
+def emit_python_callback(ctx, callback, token, operands, operand_avals,
+                         result_avals, *, returns_token: bool = True,
+                         sharding=None, **kwargs):
+  """JAX's runtime Python callback (``mlir.emit_python_callback``): returns
+  ``(results, token, keep_alive)``, the same on every supported JAX."""
+  wide_in = [_widened(a) for a in operand_avals]
+  wide_out = [_widened(a) for a in result_avals]
+  if wide_in != list(operand_avals) or wide_out != list(result_avals):
+    return _emit_widened(ctx, callback, token, operands, operand_avals,
+                         result_avals, wide_in, wide_out,
+                         returns_token=returns_token, sharding=sharding,
+                         **kwargs)
+  if _EMIT_TAKES_RETURNS_TOKEN:
+    kwargs["returns_token"] = returns_token
+  results, token_out, keep = _mlir.emit_python_callback(
+      ctx, callback, token, operands, operand_avals, result_avals,
+      sharding=sharding, **kwargs)
+  if (_TOKEN_SHARDING_IS_REPLICATED and token_out is not None and result_avals
+      and isinstance(sharding, _sharding_impls.SdyArrayList)):
+    device = _named_sharding.SdyArray(
+        mesh_shape=(), dim_shardings=[],
+        logical_device_ids=sharding.shardings[0].logical_device_ids)
+    _private_mlir.set_sharding(token_out.owner, _sharding_impls.SdyArrayList(
+        [device, *sharding.shardings]))
+  return results, token_out, keep
+
+
+def _emit_widened(ctx, callback, token, operands, operand_avals,
+                  result_avals, wide_in, wide_out, **kwargs):
+  """The callback on widened sub-byte operands and results (JAX < 0.10)."""
+  narrow_in = [a.dtype for a in operand_avals]
+  narrow_out = list(result_avals)
+
+  def widened_callback(*flat):
+    outs = callback(*[np.asarray(x).astype(d, copy=False)
+                      for x, d in zip(flat, narrow_in)])
+    return tuple(np.asarray(o).astype(w.dtype) if w is not n else o
+                 for o, w, n in zip(outs, wide_out, narrow_out))
+
+  operands = [x if w is a else _private_mlir.convert_hlo(ctx, x, a, w)
+              for x, a, w in zip(operands, operand_avals, wide_in)]
+  ctx = ctx.replace(avals_in=wide_in, avals_out=wide_out)
+  results, token_out, keep = emit_python_callback(
+      ctx, widened_callback, token, operands, wide_in, wide_out, **kwargs)
+  results = [r if w is n else _private_mlir.convert_hlo(ctx, r, w, n)
+             for r, w, n in zip(results, wide_out, narrow_out)]
+  return results, token_out, keep
+
+# --- private names (jax._src) ------------------------------------------------
 
 #: Axis context of a ``shard_map`` body (manual, per-device semantics).
 SPMDAxisContext = _sharding_impls.SPMDAxisContext
@@ -34,10 +179,28 @@ ShardingContext = _sharding_impls.ShardingContext
 #: under ``shard_map``), or None on one device.
 callback_op_sharding = _callback._callback_op_sharding
 
+# Before JAX 0.10, ``set_sharding(op, sharding)``, without the context.
+_SET_SHARDING_TAKES_CONTEXT = len(
+    inspect.signature(_private_mlir.set_sharding).parameters) == 3
 
-#: ``set_sharding(module_context, op, sharding)``: annotate a custom call we
-#: emit ourselves with the sharding ``callback_op_sharding`` chose.
-set_sharding = _mlir.set_sharding
+
+def set_sharding(module_context, op, sharding) -> None:
+  """Annotates a custom call we emit ourselves with the sharding
+  ``callback_op_sharding`` chose."""
+  if _SET_SHARDING_TAKES_CONTEXT:
+    _private_mlir.set_sharding(module_context, op, sharding)
+  else:
+    _private_mlir.set_sharding(op, sharding)
+
+#: The token aval, compared by identity when lowering custom calls.
+abstract_token = _core.abstract_token
+
+#: ``jax.experimental.io_callback``'s effects (unordered, ordered). JAX's
+#: rules for io callbacks test for these very objects: vmap of ``cond`` and of
+#: a ``while_loop`` with a batched predicate refuse them, ``checkpoint``'s
+#: partial evaluation and ``custom_jvp`` do not allow them.
+IO_EFFECT = _callback._IOEffect
+ORDERED_IO_EFFECT = _callback._OrderedIOEffect
 
 
 def replicated(ctx, value, aval):
@@ -54,7 +217,7 @@ def replicated(ctx, value, aval):
             for _ in range(aval.ndim)))
   else:
     sharding = _xc.HloSharding.replicate().to_proto()
-  return _mlir.wrap_with_sharding_op(ctx, value, aval, sharding)
+  return _private_mlir.wrap_with_sharding_op(ctx, value, aval, sharding)
 
 
 def shard_alike(ctx, x, y, x_aval, y_aval):
@@ -77,16 +240,12 @@ def split_over_devices(ctx, value, aval, num_devices: int):
     sharding.type = _xc.OpSharding.Type.OTHER
     sharding.tile_assignment_dimensions = [num_devices]
     sharding.tile_assignment_devices = list(range(num_devices))
-  return _mlir.wrap_with_sharding_op(ctx, value, aval, sharding)
+  return _private_mlir.wrap_with_sharding_op(ctx, value, aval, sharding)
 
 
-#: The token aval, compared by identity when lowering custom calls.
-abstract_token = _core.abstract_token
-
-#: ``batch_jaxpr_axes(closed_jaxpr, axis_data, in_axes, out_axes_dest)``:
-#: a jaxpr batched as a batching rule's operands are (``axis_data`` is the
-#: rule's own), outputs moved to ``out_axes_dest``; returns ``(jaxpr, _)``.
 def batch_jaxpr_axes(closed_jaxpr, axis_data, in_axes, out_axes_dest):
+  """A jaxpr batched as a batching rule's operands are (``axis_data`` is the
+  rule's own), its outputs moved to ``out_axes_dest``."""
   return _batching.batch_jaxpr_axes(closed_jaxpr, axis_data, in_axes,
                                     out_axes_dest)[0]
 
@@ -102,14 +261,6 @@ def broadcast_batched(x, axis_data, dim):
     return _batching.broadcast(x, axis_data.size, 0,
                                axis_data.explicit_mesh_axis)
   return _batching.moveaxis(x, dim, 0)
-
-
-#: ``jax.experimental.io_callback``'s effects (unordered, ordered). JAX's
-#: rules for io callbacks test for these very objects: vmap of ``cond`` and of
-#: a ``while_loop`` with a batched predicate refuse them, ``checkpoint``'s
-#: partial evaluation and ``custom_jvp`` do not allow them.
-IO_EFFECT = _callback._IOEffect
-ORDERED_IO_EFFECT = _callback._OrderedIOEffect
 
 
 def register_effect(effect_type: type, *, ordered: bool) -> None:
@@ -130,12 +281,14 @@ def register_effect(effect_type: type, *, ordered: bool) -> None:
 
 
 def require_devices_during_lowering(primitive) -> None:
-  """Makes JAX hand the concrete device assignment to ``primitive``'s lowering."""
+  """Makes JAX hand the concrete device assignment to ``primitive``'s
+  lowering."""
   _dispatch.prim_requires_devices_during_lowering.add(primitive)
 
 
 def is_recompute_policy(policy) -> bool:
-  """Whether a ``jax.checkpoint`` policy's answer means "recompute, don't save"."""
+  """Whether a ``jax.checkpoint`` policy's answer means "recompute, don't
+  save"."""
   return isinstance(_pe.ensure_enum(policy), _pe.RecomputeType)
 
 
@@ -147,5 +300,14 @@ def hide_frames_of(directory: str) -> None:
 
 
 def trace_of(value):
-  """The trace a tracer belongs to (None for a concrete value)."""
-  return getattr(value, "_trace", None)
+  """The trace a tracer belongs to (None for a concrete value or a value
+  JAX does not trace). Raises when JAX's tracers stop keeping it."""
+  if not isinstance(value, _core.Tracer):
+    return None
+  try:  # not getattr: a tracer forwards unknown attributes to its aval
+    return object.__getattribute__(value, "_trace")
+  except AttributeError:
+    raise RuntimeError(
+        "hostcall: JAX tracers no longer keep their trace in `_trace`; this "
+        "JAX release is not supported yet (update "
+        "hostcall._jax_private.trace_of).") from None

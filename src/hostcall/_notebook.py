@@ -12,16 +12,19 @@ rows written and bars closed. Tap errors stay pending for the next
 
 from __future__ import annotations
 
+import logging
 import sys
 
-from hostcall._core import host
+from hostcall._core.barriers import settle
+
+logger = logging.getLogger("hostcall")
 
 
 def _end_of_cell(*_) -> None:
   try:
-    host.settle()
+    settle()
   except Exception:  # noqa: BLE001 - a hook must never break the notebook
-    host.logger.exception("hostcall: waiting for the cell's host calls failed")
+    logger.exception("hostcall: waiting for the cell's host calls failed")
 
 
 def install(shell=None) -> bool:

@@ -30,20 +30,24 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import functools
 import inspect
 import sys
 import threading
-from typing import Callable
+from typing import Any, Callable
 
 import jax
 
 from hostcall import _printing
-from hostcall._core import CallbackException, HostTarget, barrier, bind
-from hostcall._core import results
-from hostcall._core.host import (CallContext, check_arguments,
-                                 check_callable, check_operands, hash_key)
+from hostcall._core import (CallbackException, CallTarget, TapTarget,
+                            barrier, bind, target)
+from hostcall._core.context import CallContext
+from hostcall._core.targets import hash_key
+from hostcall._flavours import results
+from hostcall._flavours.checks import (check_arguments, check_callable,
+                                       check_operands)
 
 __all__ = [
     "CallbackException",
@@ -78,13 +82,21 @@ class CallbackFlavor(enum.Enum):
 _ACCEPTED_NO_OP_KWARGS = frozenset({"tap_with_transform"})
 
 
-class _Tap(HostTarget):
+@target
+class _Tap(TapTarget):
   """``tap_func(arg, transforms[, device=dev])`` for ``id_tap``."""
 
-  def __init__(self, fn, in_tree, with_device):
-    super().__init__((hash_key(fn), in_tree, with_device))
-    self.fn, self.in_tree, self.with_device = fn, in_tree, with_device
-    self.single_leaf = in_tree == jax.tree_util.tree_structure(0)
+  fn: Callable = dataclasses.field(compare=False)
+  in_tree: Any
+  with_device: bool
+  fn_key: Any = dataclasses.field(init=False)
+
+  def __post_init__(self):
+    object.__setattr__(self, "fn_key", hash_key(self.fn))
+
+  @functools.cached_property
+  def single_leaf(self) -> bool:
+    return self.in_tree == jax.tree_util.tree_structure(0)
 
   def deliver(self, flat_args, context: CallContext):
     if self.single_leaf:
@@ -101,18 +113,20 @@ class _Tap(HostTarget):
     return f"id_tap({getattr(self.fn, '__name__', self.fn)!r})"
 
 
-class _Call(HostTarget):
+@target
+class _Call(CallTarget):
   """``callback_func(arg[, device=dev])`` for ``call``, results checked."""
 
-  returns_results = True
+  fn: Callable = dataclasses.field(compare=False)
+  in_tree: Any
+  result_tree: Any
+  result_avals: tuple
+  with_device: bool
+  unpack: bool
+  fn_key: Any = dataclasses.field(init=False)
 
-  def __init__(self, fn, in_tree, result_tree, result_avals, with_device,
-               unpack):
-    super().__init__((hash_key(fn), in_tree, result_tree, result_avals,
-                      with_device, unpack))
-    self.fn, self.in_tree = fn, in_tree
-    self.result_tree, self.result_avals = result_tree, result_avals
-    self.with_device, self.unpack = with_device, unpack
+  def __post_init__(self):
+    object.__setattr__(self, "fn_key", hash_key(self.fn))
 
   def deliver(self, flat_args, context: CallContext):
     arg = jax.tree_util.tree_unflatten(self.in_tree, flat_args)
@@ -228,7 +242,7 @@ def id_tap(tap_func: Callable, arg, *, result=None, tap_with_device=False,
   if result is not None:
     check_operands(jax.tree_util.tree_leaves(result), "id_tap's result")
   outs = bind(flat, target=_Tap(tap_func, in_tree, bool(tap_with_device)),
-              identity=True, device_index=device_index, delivery=delivery,
+              kind="tap", device_index=device_index, delivery=delivery,
               partitioned=partitioned)
   if result is not None:
     return result
@@ -342,9 +356,9 @@ def call(callback_func: Callable, arg, *, result_shape=None,
         {"device": None} if call_with_device else {}, "host_callback.call",
         "call passes its argument as one value (a tuple stays a tuple)" +
         (" and the device as device=" if call_with_device else "") + ".")
-  target = _Call(callback_func, in_tree, result_tree, result_avals,
-                 bool(call_with_device), unpack)
-  outs = bind(flat, target=target, identity=False, result_avals=result_avals,
+  host_target = _Call(callback_func, in_tree, result_tree,
+                      tuple(result_avals), bool(call_with_device), unpack)
+  outs = bind(flat, target=host_target, kind="call", result_avals=result_avals,
               device_index=device_index)
   return jax.tree_util.tree_unflatten(result_tree, outs)
 

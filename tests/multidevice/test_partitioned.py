@@ -97,6 +97,31 @@ def test_uneven_shards_are_trimmed_and_padding_only_devices_skipped():
   assert got == [(0, [0.0, 1.0]), (2, [2.0, 3.0]), (4, [4.0, 5.0])]
 
 
+@pytest.mark.parametrize("shape", [(1,), (1, 7), (1, 2, 2), (3,), (2, 1),
+                                   (5, 1, 3)])
+@pytest.mark.parametrize("delivery", ["sync", "async"])
+def test_a_dimension_shorter_than_the_devices_is_never_padding(shape,
+                                                               delivery):
+  # Sharded four ways, a dimension of size 1 (or 3) leaves devices holding
+  # only XLA's padding: they are not called, and no element comes twice.
+  calls = []
+  record = _recorder(calls)
+  size = int(np.prod(shape))
+  expected = np.arange(1, 1 + size, dtype=np.float32).reshape(shape)
+
+  def f(x):
+    v = jax.lax.with_sharding_constraint(x * 1, NamedSharding(MESH, P("x")))
+    hcb.id_tap(lambda a, t: record(a), v, partitioned=True, delivery=delivery)
+
+  jax.jit(f)(expected)
+  hostcall.barrier()
+  seen = np.zeros(shape, int)
+  for _, (index,), shard in calls:
+    assert shard.tolist() == expected[index].tolist()
+    seen[index] += 1
+  assert seen.tolist() == np.ones(shape, int).tolist()
+
+
 def test_several_operands_each_get_their_index():
   calls = []
 

@@ -23,7 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from hostcall._core import host
+from hostcall._async import queue as _queue
+from hostcall._core.barriers import add_barrier_hook, barrier_started
+from hostcall._core.calls import add_abort_hook
 
 #: Seconds between two ticks that a while_loop's pace aims for (the bar
 #: redraws at most this often anyway).
@@ -239,19 +241,18 @@ bars = Bars()
 def _computation_failed() -> None:
   # Its loops will send no more events: deliver those already queued, then
   # close what it opened (from the thread that runs it and now fails).
-  from hostcall._core import asynchronous
-  asynchronous.delivery.drain(timeout=5.0)
+  _queue.consumer.drain(timeout=5.0)
   bars.close_all(stopped=True, thread=threading.get_ident())
 
 
 def _after_barrier() -> None:
   # A loop whose computation failed elsewhere never closed its bar either:
   # every computation started before the barrier has ended.
-  bars.close_all(opened_before=host.barrier_started())
+  bars.close_all(opened_before=barrier_started())
 
 
-host.add_abort_hook(_computation_failed)
-host.add_barrier_hook(_after_barrier)
+add_abort_hook(_computation_failed)
+add_barrier_hook(_after_barrier)
 
 
 def lanes_of(context) -> int | None:

@@ -10,8 +10,10 @@ steps, written as one block.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import functools
 import itertools
+import logging
 import math
 import os
 import pathlib
@@ -24,30 +26,34 @@ import jax.numpy as jnp
 import numpy as np
 
 from hostcall._apps import writers as _writers
-from hostcall._core import bind, errors, host
+from hostcall._async import queue as _queue
+from hostcall._core import TapTarget, bind, errors
+from hostcall._core.context import forbid_waiting, why_waiting_is_forbidden
+from hostcall._core.barriers import add_barrier_hook
+from hostcall._core import target as _target
+from hostcall._flavours.checks import is_array_like
+
+logger = logging.getLogger("hostcall")
 
 _run_ids = itertools.count()
 _open_runs: list["Run"] = []
+_runs_lock = threading.Lock()
 
 
-class _LogTarget(host.HostTarget):
+@_target
+class _LogTarget(TapTarget):
   """The host side of one ``Run.log`` call site."""
+
+  run: "Run" = dataclasses.field(compare=False)
+  run_id: int
+  names: tuple
+  has_step: bool
 
   delivery = "async"  # the device never waits for the writers
   remat = "once"  # a rematerialised step must not log its rows twice
 
-  def __init__(self, run: "Run", names: tuple[str, ...], has_step: bool):
-    super().__init__(("metrics", run.id, names, has_step))
-    self.run, self.names, self.has_step = run, names, has_step
-
   def __repr__(self):
     return f"metrics.Run({self.run.name!r}).log{self.names}"
-
-  def vmap_method(self) -> str:
-    return "broadcast_all"  # every member's values, batch axes in front
-
-  def check_differentiable(self) -> None:
-    return None  # a log has no results to differentiate
 
   def deliver(self, flat_args, context):
     self._add(flat_args, context, steps=None)
@@ -57,6 +63,7 @@ class _LogTarget(host.HostTarget):
     self._add(stacked, context, steps=steps)
 
   def _add(self, args, context, steps: int | None) -> None:
+    run = self.run._current()
     batch_rank = len(context.batch_levels) if context else 0
     lanes = math.prod(np.shape(args[0])[:batch_rank]) if args else 1
     rows = lanes * (steps or 1)
@@ -73,38 +80,70 @@ class _LogTarget(host.HostTarget):
       step = step.astype(np.int64)
     else:
       values = columns
-      step = np.repeat(self.run._take_steps(steps or 1), lanes)
+      step = np.repeat(run._take_steps(steps or 1), lanes)
     member = (np.tile(np.arange(lanes), steps or 1) if batch_rank else None)
-    device = self.run._device_column(context, rows)
-    self.run._put(_writers.Block(step, dict(zip(self.names, values)),
-                                 member, device))
+    device = run._device_column(context, rows)
+    run._put(_writers.Block(step, dict(zip(self.names, values)), member,
+                            device))
 
 
 class _Writers:
   """The one thread that hands blocks to every run's writers, so that a
   slow disk never slows the device nor the delivery of other callbacks (and
-  runs left open cost no thread each)."""
+  runs left open cost no thread each).
+
+  Blocks waiting for it are bounded (``MAX_PENDING_BYTES`` of arrays, and
+  ``MAX_PENDING_BLOCKS``, each of which costs Python objects besides):
+  past the bound, whoever hands over a block (the tap's delivery) waits,
+  and the device with it: back-pressure, never loss, never unbounded
+  memory.
+  """
+
+  MAX_PENDING_BYTES = 256 << 20
+  MAX_PENDING_BLOCKS = 16384
 
   def __init__(self):
     self._queue: queue.SimpleQueue = queue.SimpleQueue()
     self._lock = threading.Lock()
+    self._room = threading.Condition(self._lock)
+    self._pending_bytes = self._pending_blocks = 0
     self._thread: threading.Thread | None = None
 
+  @property
+  def is_writer(self) -> bool:
+    """Whether the calling thread is the writer thread."""
+    return threading.current_thread() is self._thread
+
   def put(self, run: "Run", block) -> None:
+    size = block.nbytes if block is not _RESUME else 0
     with self._lock:
       if self._thread is None:
         self._thread = threading.Thread(target=self._loop, daemon=True,
                                         name="hostcall-metrics-writer")
         self._thread.start()
-    self._queue.put((run, block))
+      if not self.is_writer and block is not _RESUME:
+        # One block larger than the bound still goes through alone.
+        self._room.wait_for(lambda: self._pending_blocks == 0 or (
+            self._pending_bytes + size <= self.MAX_PENDING_BYTES
+            and self._pending_blocks < self.MAX_PENDING_BLOCKS))
+      self._pending_bytes += size
+      self._pending_blocks += 1
+      self._room.notify_all()  # for whoever watches the backlog
+    self._queue.put((run, block, size))
 
   def _loop(self) -> None:
+    forbid_waiting("a metrics writer")
     while True:
-      run, block = self._queue.get()
+      run, block, size = self._queue.get()
       try:
         run._write(block)
       except BaseException:  # noqa: BLE001 - the writer thread never dies
-        host.logger.exception("hostcall: metrics writing failed")
+        logger.exception("hostcall: metrics writing failed")
+      finally:
+        with self._lock:
+          self._pending_bytes -= size
+          self._pending_blocks -= 1
+          self._room.notify_all()
 
 
 _writer_thread = _Writers()
@@ -127,6 +166,18 @@ def _run_dir(root, name) -> pathlib.Path:
     raise ValueError(f"the run name {name!r} leads outside {root} (through "
                      "a symbolic link); choose another name or root=.")
   return path
+
+
+#: Tells the writer thread that a run's writers are open.
+_RESUME = None
+
+_INDEX_COLUMNS = frozenset({"member", "device"})
+
+
+def _describe(value) -> str:
+  if hasattr(value, "shape") and hasattr(value, "dtype"):
+    return f"an array of shape {tuple(value.shape)} and dtype {value.dtype}"
+  return f"{value!r} of type {type(value).__name__}"
 
 
 class Run:
@@ -173,19 +224,41 @@ class Run:
                writers: Iterable = ("jsonl",)):
     if isinstance(writers, (str, _writers.Writer)):
       writers = [writers]
+    writers = list(writers)
     self.id = next(_run_ids)
     self.name = name
     self.dir = _run_dir(root, name)
     self._successor: Run | None = None
-    for old in [r for r in _open_runs if r.dir.resolve() == self.dir.resolve()]:
-      old._hand_over(self)  # one writer per file, never two
-    self.writers = [_writers.make(w, self.dir) for w in writers]
     self._next_step = 0
     self._lock = threading.Lock()
     self._written = threading.Condition(self._lock)
     self._put_count = self._done_count = 0
     self._closed = False
-    _open_runs.append(self)
+    self.writers: list = []
+    # The writer thread writes this run's blocks once its writers are open
+    # (after the run it replaces has written its last row).
+    self._ready = threading.Event()
+    self._parked: list = []
+    with _runs_lock:
+      replaced = [r for r in _open_runs if r._successor is None
+                  and r.dir.resolve() == self.dir.resolve()]
+      for old in replaced:
+        with old._lock:
+          old._successor = self  # from now on, its rows come here
+      _open_runs.append(self)
+    try:
+      for old in replaced:
+        old._retire()  # one writer per file, never two
+      self.writers = [_writers.make(w, self.dir) for w in writers]
+    except BaseException:
+      self._closed = True
+      with _runs_lock:
+        if self in _open_runs:
+          _open_runs.remove(self)
+      raise
+    finally:
+      self._ready.set()
+      _writer_thread.put(self, _RESUME)
 
   def __repr__(self):
     return f"hostcall.metrics.Run({self.name!r}, dir={str(self.dir)!r})"
@@ -196,14 +269,16 @@ class Run:
       run = run._successor
     return run
 
-  def log(self, step=None, /, **metrics) -> None:
+  def log(self, step=None, **metrics) -> None:
     """Logs ``metrics`` (scalars or small arrays) at ``step``.
 
     Arguments:
-      step: the step number (an int or an integer array, traced or not);
-        None numbers the calls of this run on the host 0, 1, 2, ...
+      step: the step number (an integer scalar, traced or not; under
+        ``vmap``, one per member), positional or ``step=``; None numbers
+        the calls of this run on the host 0, 1, 2, ...
       **metrics: name=value; JAX or NumPy arrays or Python numbers. Any
-        string is a valid name.
+        string but ``member`` and ``device`` (columns hostcall fills) is a
+        valid name.
 
     Works inside and outside ``jit``; returns nothing. The values reach the
     writers asynchronously (see ``hostcall.set_delivery``).
@@ -215,32 +290,41 @@ class Run:
       raise TypeError("Run.log needs at least one metric, e.g. "
                       "run.log(step, loss=loss).")
     names = tuple(metrics)
+    reserved = sorted(set(names) & _INDEX_COLUMNS)
+    if reserved:
+      raise ValueError(
+          f"the metric name(s) {reserved} are columns hostcall fills itself "
+          "(the vmap member and the device of each row); choose another "
+          f"name, e.g. run.log({reserved[0]}_id=...).")
     for name, value in metrics.items():
-      if not host.is_array_like(value):
+      if not is_array_like(value):
         raise TypeError(
             f"metric {name!r}: expected a JAX or NumPy array or a Python "
             f"number, got {value!r} of type {type(value).__name__}. Log "
             "numbers; put text in the run name or a separate file.")
     operands = [jnp.asarray(v) for v in metrics.values()]
     if step is not None:
-      if not host.is_array_like(step) or not jnp.issubdtype(
-          jnp.result_type(step), jnp.integer):
-        raise TypeError(f"step must be an integer (traced or not), got "
-                        f"{step!r}; pass it first: run.log(step, loss=...)")
+      if not is_array_like(step) or not jnp.issubdtype(
+          jnp.result_type(step), jnp.integer) or jnp.ndim(step) != 0:
+        raise TypeError(
+            "step must be one integer (traced or not; under vmap, one per "
+            f"member), got {_describe(step)}: run.log(step, loss=...). To "
+            "log a vector of values per step, log it as a metric.")
       operands.insert(0, jnp.asarray(step))
-    target = _LogTarget(run, names, step is not None)
-    bind(operands, target=target, identity=False, delivery=target.delivery)
+    log_target = _LogTarget(run, run.id, names, step is not None)
+    bind(operands, target=log_target, kind="call",
+         delivery=log_target.delivery)
 
   def flush(self) -> None:
     """Waits for the computations running, then writes every row logged so
     far to the writers' files."""
-    if host.call_context() is not None:
+    inside = why_waiting_is_forbidden()
+    if inside is not None:
       raise RuntimeError(
-          "Run.flush() / close() / dataframe() was called from inside a host "
-          "function, where it would wait for the computation running it. "
-          "Call it after the JAX call returns.")
-    from hostcall._core import asynchronous
-    asynchronous.wait()
+          f"Run.flush() / close() / dataframe() was called from inside "
+          f"{inside}, where it would wait for the computation (or thread) "
+          "running it. Call it after the JAX call returns.")
+    _queue.wait()
     self._current()._drain()
 
   def close(self) -> None:
@@ -249,12 +333,17 @@ class Run:
     if run._closed:
       return
     run.flush()
+    with run._lock:
+      run._closed = True  # rows logged from now on are refused, and said so
+    run._drain()
     run._close_writers()
 
   def _close_writers(self) -> None:
-    self._closed = True
-    if self in _open_runs:
-      _open_runs.remove(self)
+    with self._lock:
+      self._closed = True
+    with _runs_lock:
+      if self in _open_runs:
+        _open_runs.remove(self)
     failures = []
     for writer in self.writers:
       try:
@@ -264,16 +353,13 @@ class Run:
     if failures:
       raise failures[0]
 
-  def _hand_over(self, successor: "Run") -> None:
-    """Flushes and closes this run; what it still gets goes to
-    ``successor``."""
+  def _retire(self) -> None:
+    """Writes what this run (replaced by a new one) was handed and closes
+    its writers; what it is handed later goes to its successor."""
     try:
       self._drain()
     finally:
-      try:
-        self._close_writers()
-      finally:
-        self._successor = successor
+      self._close_writers()
 
   def __enter__(self) -> "Run":
     return self
@@ -309,19 +395,42 @@ class Run:
 
   def _put(self, block: _writers.Block) -> None:
     run = self._current()
-    with run._lock:
-      run._put_count += 1
+    while True:
+      with run._lock:
+        if run._successor is None:  # still the current run: count it in
+          closed = run._closed
+          if not closed:
+            run._put_count += 1
+          break
+      run = run._current()
+    if closed:
+      raise RuntimeError(
+          f"{len(block)} row(s) were logged to {run!r} after it was closed, "
+          "by a function compiled while it was open; they were dropped. "
+          "Open a new Run (or close this one after the last log).")
     _writer_thread.put(run, block)
 
   def _write(self, block) -> None:
+    """Writes ``block`` (in the writer thread). Blocks that come before the
+    run's writers are open (the replaced run still writing its last rows)
+    wait, in order, for ``_RESUME``."""
+    if block is _RESUME:
+      parked, self._parked = self._parked, []
+      for waiting in parked:
+        self._write_now(waiting)
+      return
+    if not self._ready.is_set() or self._parked:
+      self._parked.append(block)
+      return
+    self._write_now(block)
+
+  def _write_now(self, block) -> None:
     try:
       for writer in self.writers:
         try:
           writer.write(block)
         except BaseException as exc:  # noqa: BLE001 - others still write
-          host.logger.error("hostcall: metrics writer %r failed", writer,
-                            exc_info=True)
-          host.errors.record(exc, errors.format_safely(exc))
+          errors.postpone(exc, f"metrics writer {writer!r}")
     finally:
       with self._written:
         self._done_count += 1
@@ -335,7 +444,7 @@ class Run:
       try:
         writer.flush()
       except BaseException as exc:  # noqa: BLE001
-        host.errors.record(exc, errors.format_safely(exc))
+        errors.postpone(exc, f"flushing metrics writer {writer!r}")
 
 
 @functools.cache
@@ -376,17 +485,16 @@ def _flush_all() -> None:
 def _close_all_at_exit() -> None:
   if not _open_runs:
     return
-  from hostcall._core import asynchronous
   try:
-    asynchronous.wait()
+    _queue.wait()
   finally:
     for run in list(_open_runs):
       try:  # one run's failure (a full disk) never costs another its rows
         run._drain()
         run._close_writers()
       except BaseException:  # noqa: BLE001
-        host.logger.exception("hostcall: closing %r at exit failed", run)
+        logger.exception("hostcall: closing %r at exit failed", run)
 
 
-host.add_barrier_hook(_flush_all)
+add_barrier_hook(_flush_all)
 atexit.register(_close_all_at_exit)

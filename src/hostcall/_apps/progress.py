@@ -27,30 +27,48 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from hostcall import _jax_private
 from hostcall._apps import bars as _bars
-from hostcall._core import bind, buffering, host
+from hostcall._apps import scan as _scan
+from hostcall._core import CallTarget, TapTarget, bind, target
+from hostcall._flavours.checks import check_callable
 
 _local = threading.local()
 
 # Targets ---------------------------------------------------------------------
 
 
-class _Target(host.HostTarget):
-  """A bar's host side for one loop (``site``); under vmap it sees every
-  lane at once. Subclasses name their ``kind`` of event."""
+class _BarEvent:
+  """A bar's event at one loop (``site``): it happens once, rematerialised or
+  not; under vmap it sees every lane at once; step counts have nothing to
+  differentiate."""
 
-  kind: str
-  remat = "once"  # a bar's events happen once, rematerialised or not
+  remat = "once"
 
-  def __init__(self, site: int):
-    super().__init__(("progress", self.kind, site))
-    self.site = site
+  def __repr__(self):
+    return f"progress.{type(self).__name__[1:].lower()}({self.site})"
+
+
+@target
+class _BarQuestion(_BarEvent, CallTarget):
+  """An event whose answer the loop waits for (its failure fails the
+  loop's computation)."""
+
+  site: int
+  bufferable = False
 
   def vmap_method(self) -> str:
     return "broadcast_all"
 
   def check_differentiable(self) -> None:
-    return None  # step counts: nothing to differentiate
+    return None
+
+
+@target
+class _BarTap(_BarEvent, TapTarget):
+  """An event the loop does not wait for (failures wait for the barrier)."""
+
+  site: int
 
 
 def _handle(value) -> int:
@@ -58,14 +76,13 @@ def _handle(value) -> int:
   return int(np.asarray(value).reshape(-1)[0])
 
 
-class _Open(_Target):
+@target
+class _Open(_BarQuestion):
   """Opens the bar of one invocation: ``(total,)``; returns the invocation's
   handle, which the loop's other events carry (the loop cannot start before
   its open, and a bar never mixes two invocations)."""
 
-  kind = "open"
   bufferable = False
-  returns_results = True
 
   def deliver(self, flat_args, context):
     total = int(np.asarray(flat_args[0]).reshape(-1)[0])
@@ -75,11 +92,11 @@ class _Open(_Target):
     return [np.full(lanes, handle, np.int32)]
 
 
-class _Close(_Target):
+@target
+class _Close(_BarTap):
   """Closes an invocation's bar when its loop ends:
   ``(handle, count, witness)``."""
 
-  kind = "close"
   bufferable = False
 
   def deliver(self, flat_args, context):
@@ -89,10 +106,10 @@ class _Close(_Target):
     return ()
 
 
-class _Tick(_Target):
+@target
+class _Tick(_BarTap):
   """The step count after a chunk: ``(handle, count, witness[, running])``."""
 
-  kind = "tick"
   bufferable = False
 
   def deliver(self, flat_args, context):
@@ -103,10 +120,10 @@ class _Tick(_Target):
     return ()
 
 
-class _Step(_Target):
+@target
+class _Step(_BarTap):
   """One step of a decorated body (``track``)."""
 
-  kind = "step"
   delivery = "async"
 
   def deliver(self, flat_args, context):
@@ -119,11 +136,10 @@ class _Step(_Target):
                     _bars.lanes_of(context), context)
 
 
-class _Pace(_Target):
+@target
+class _Pace(_BarQuestion):
   """A while_loop's question: how many steps until the next tick?"""
 
-  kind = "pace"
-  returns_results = True
   bufferable = False
 
   def deliver(self, flat_args, context):
@@ -188,7 +204,7 @@ def _spec(desc, total, unit, leave, file, all_processes, options):
       all_processes=bool(all_processes), options=items)
 
 
-_INT_AVAL = jax.core.ShapedArray((), jnp.int32)
+_INT_AVAL = _jax_private.ShapedArray((), jnp.int32)
 
 
 # The bar's events are asynchronous taps: the device copies a few numbers
@@ -201,8 +217,8 @@ def _open(site, total) -> tuple[jax.Array, jax.Array]:
   """The invocation's handle, and the loop's initial step count, which
   waits for it."""
   (handle,) = bind([jnp.asarray(total, jnp.int32)], target=_Open(site),
-                   identity=False, result_avals=(_INT_AVAL,),
-                   mode="unordered")
+                   kind="call", result_avals=(_INT_AVAL,),
+                   ordering="unordered")
   return handle, jnp.zeros_like(handle)
 
 
@@ -222,7 +238,7 @@ def _witness(tree) -> jax.Array:
 def _tick(site, handle, count, results, *active):
   # Reading the chunk's results keeps the tick after the chunk's steps.
   bind([handle, count, _witness(results), *active], target=_Tick(site),
-       identity=False, delivery="async", mode="unordered")
+       kind="call", delivery="async", ordering="unordered")
 
 
 def _close(site, handle, count, results):
@@ -230,7 +246,7 @@ def _close(site, handle, count, results):
   # XLA may know a loop's final step count without running it (an induction
   # variable): reading the loop's results makes the close wait for its end.
   bind([handle, count, _witness(results)], target=_Close(site),
-       identity=False, delivery="async", mode="unordered")
+       kind="call", delivery="async", ordering="unordered")
 
 
 def _check_every(every):
@@ -282,7 +298,7 @@ def scan(f: Callable, init, xs=None, length: int | None = None,
     True
   """
   _check_every(every)
-  steps = buffering.scan_length(xs, length, "hostcall.progress.scan")
+  steps = _scan.scan_length(xs, length, "hostcall.progress.scan")
   site = _bars.bars.site(_spec(desc, steps, unit, leave, file, all_processes,
                                tqdm_options))
   every = every or max(1, -(-int(steps) // 100))
@@ -290,11 +306,11 @@ def scan(f: Callable, init, xs=None, length: int | None = None,
   def body(state, x):
     count, carry = state
     with _nested():
-      carry, y = buffering.step_output(f(carry, x))
+      carry, y = _scan.step_output(f(carry, x))
     return (count + 1, carry), y
 
   handle, count = _open(site, steps)
-  (count, carry), ys = buffering.scan(
+  (count, carry), ys = _scan.scan(
       body, (count, init), xs, length=length, reverse=reverse,
       unroll=unroll, every=every,
       after_chunk=lambda state, ys: _tick(site, handle, state[0],
@@ -392,8 +408,8 @@ def _while(cond_fun, body_fun, init_val, total, *, desc, every, unit, leave,
   def chunk(state):
     count, carry = state
     if every is None:
-      (steps,) = bind([handle], target=pace, identity=False,
-                      result_avals=(_INT_AVAL,), mode="unordered")
+      (steps,) = bind([handle], target=pace, kind="call",
+                      result_avals=(_INT_AVAL,), ordering="unordered")
     else:
       steps = every
 
@@ -456,7 +472,7 @@ def track(body: Callable | None = None, *, total: int | None = None,
     return functools.partial(track, total=total, desc=desc, unit=unit,
                              leave=leave, file=file,
                              all_processes=all_processes, **tqdm_options)
-  host.check_callable(body, "hostcall.progress.track's body")
+  check_callable(body, "hostcall.progress.track's body")
 
   @functools.wraps(body)
   def tracked(*args, **kwargs):
@@ -465,8 +481,8 @@ def track(body: Callable | None = None, *, total: int | None = None,
     step = _Step(_bars.bars.site(spec))
     with _nested():
       out = body(*args, **kwargs)
-    bind([_lanes_probe(out)], target=step, identity=False,
-         delivery=step.delivery, mode="unordered")
+    bind([_lanes_probe(out)], target=step, kind="call",
+         delivery=step.delivery, ordering="unordered")
     return out
 
   return tracked

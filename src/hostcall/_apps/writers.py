@@ -34,7 +34,8 @@ class Block:
     step: the step of each row (int64).
     metrics: the metrics by name, each an array whose first axis is the
       rows (a scalar metric is a column; an array metric has the array's
-      shape after the first axis). Any string is a name.
+      shape after the first axis). Any string but the index columns'
+      names (``step``, ``member``, ``device``) is a name.
     member: the vmap member of each row (row-major over nested vmaps), or
       None outside ``vmap``.
     device: the id of the device that logged each row, or None where JAX
@@ -58,6 +59,12 @@ class Block:
 
   def __len__(self) -> int:
     return len(self.step)
+
+  @property
+  def nbytes(self) -> int:
+    """The bytes its arrays hold."""
+    columns = [self.step, self.member, self.device, *self.metrics.values()]
+    return sum(np.asarray(c).nbytes for c in columns if c is not None)
 
   def index_columns(self) -> dict[str, np.ndarray]:
     """The columns that say where each row comes from.
@@ -257,6 +264,11 @@ def _flat_columns(name: str, values: np.ndarray) -> dict[str, np.ndarray]:
   return {f"{name}[{i}]": flat[:, i] for i in range(flat.shape[1])}
 
 
+def _utf8_text(name: str) -> str:
+  """``name`` with what UTF-8 cannot encode escaped (``\\udcff``)."""
+  return name.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 class CsvWriter(Writer):
   """A CSV table with a header; an array metric takes one column an element
   (``w[0]``, ``w[1]``, ...). A metric first logged after rows were written
@@ -305,7 +317,8 @@ class CsvWriter(Writer):
     """
     columns = dict(block.index_columns())
     for name, values in block.metrics.items():
-      flat = _flat_columns(name, values)
+      # A name UTF-8 cannot carry (a lone surrogate) is written escaped.
+      flat = _flat_columns(_utf8_text(name), values)
       clash = set(flat) & set(columns)
       if clash:
         raise ValueError(

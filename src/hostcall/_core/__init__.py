@@ -1,26 +1,31 @@
 """The one mechanism every hostcall flavour sits on.
 
-``primitive`` defines ``hostcall_p`` and its transformation rules; ``host``
-runs the user's function on the host with its context and keeps the errors that
-taps raised until the next barrier.
+``primitive``: ``hostcall_p`` and its transformation rules; ``effects``:
+what a call's ordering means to JAX; ``lowering``: where the host function
+is called from the compiled program; ``targets``: the host side of a call
+site; ``context``: what the host function may learn about its call;
+``calls``: running a target for one call; ``errors``: failures rendered
+safely, postponed or carried into the runtime; ``barriers``: waiting for
+everything sent to the host; ``collecting``: a loop body's taps gathered
+instead of staged; ``partitioned``: one call per shard; ``control_flow``:
+``vmap`` of a ``while`` whose condition calls the host.
 """
 
-from hostcall._core.host import (
-    CallbackException,
-    CallContext,
-    HostTarget,
-    barrier,
-)
-from hostcall._core.modes import delivery, set_delivery
+from hostcall._core.barriers import barrier
+from hostcall._core.context import CallContext, call_context
+from hostcall._core.errors import CallbackException
 from hostcall._core.primitive import bind, hostcall_p
+from hostcall._core.targets import CallTarget, HostTarget, TapTarget, target
 
 __all__ = [
     "CallContext",
+    "CallTarget",
     "CallbackException",
     "HostTarget",
+    "TapTarget",
     "barrier",
     "bind",
-    "delivery",
-    "set_delivery",
+    "call_context",
     "hostcall_p",
+    "target",
 ]

@@ -23,11 +23,10 @@ from __future__ import annotations
 import jax
 from jax.extend import core as jex_core
 from jax.extend.core import primitives
-from jax.interpreters import batching
 
 from hostcall import _jax_private
 
-_batch_while = batching.fancy_primitive_batchers[primitives.while_p]
+_batch_while = _jax_private.fancy_primitive_batchers[primitives.while_p]
 _HOST_EFFECTS: tuple[type, ...] = ()
 
 
@@ -115,4 +114,4 @@ def install(host_effects: tuple[type, ...]) -> None:
   ``host_effects`` (hostcall's effect types); others go to JAX's rule."""
   global _HOST_EFFECTS
   _HOST_EFFECTS = host_effects
-  batching.fancy_primitive_batchers[primitives.while_p] = _while_batching_rule
+  _jax_private.fancy_primitive_batchers[primitives.while_p] = _while_batching_rule

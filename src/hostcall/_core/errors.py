@@ -1,4 +1,7 @@
-"""Host function failures: rendered safely, logged, kept for the caller.
+"""Host function failures: rendered safely, logged, kept for whoever waits.
+
+A tap's failure is postponed: logged when it happens and kept for the next
+barrier, which raises ``CallbackException`` (``postpone``, ``take``).
 
 When a host function of a call with results raises, its computation fails:
 the runtime turns the exception into a ``jax.errors.JaxRuntimeError`` whose
@@ -31,6 +34,64 @@ _originals: collections.OrderedDict[int, BaseException] = (
 _ids = itertools.count(1)
 _TAG = "hostcall host error #{}"
 _TAG_PATTERN = re.compile(r"hostcall host error #(\d+)")
+
+
+class CallbackException(Exception):
+  """A host function run by a tap raised; raised by the next barrier.
+
+  The message carries the original exception's text and host traceback, and
+  the original exception is chained as ``__cause__``.
+  """
+
+
+class _Pending:
+  """The exceptions taps raised since the last barrier (the last one, and
+  how many)."""
+
+  def __init__(self):
+    self._lock = threading.Lock()
+    self._last: tuple[BaseException, str] | None = None
+    self._count = 0
+
+  def record(self, exc: BaseException, formatted: str) -> None:
+    with self._lock:
+      self._last = (exc, formatted)
+      self._count += 1
+
+  def take(self) -> tuple[BaseException, str, int] | None:
+    with self._lock:
+      last, count = self._last, self._count
+      self._last, self._count = None, 0
+    return None if last is None else (*last, count)
+
+
+_pending = _Pending()
+
+
+def postpone(exc: BaseException, what) -> None:
+  """Logs ``exc`` (raised by ``what``) with its traceback and keeps it for
+  the next barrier: a failure that must not stop what is running."""
+  formatted = format_safely(exc)
+  logger.error("hostcall: %s raised; the next barrier will raise "
+               "CallbackException.\n%s", what, formatted)
+  _pending.record(exc, formatted)
+
+
+def take_postponed() -> tuple[BaseException, str, int] | None:
+  """``(last exception, its formatted traceback, count)`` of the failures
+  postponed since the last call, or None; forgets them."""
+  return _pending.take()
+
+
+def raise_postponed() -> None:
+  """Raises ``CallbackException`` for the failures postponed so far."""
+  failure = take_postponed()
+  if failure is not None:
+    exc, formatted, count = failure
+    raise CallbackException(
+        "There were exceptions during callback processing. Last one was: "
+        f"{formatted}\n(hostcall: {count} tap function call(s) raised since "
+        "the last barrier; each was logged when it happened.)") from exc
 
 
 class HostFunctionError(RuntimeError):
@@ -162,6 +223,20 @@ def log_failure(label: str, exc: BaseException,
                format_safely(exc).rstrip())
 
 
+def _shows(text: str, original: BaseException) -> bool:
+  """Whether the runtime's error ``text`` is ``original``'s traceback."""
+  if not text.rstrip().endswith(describe(original).rstrip()):
+    return False
+  tb = original.__traceback__
+  if tb is None:
+    return True
+  while tb.tb_next is not None:
+    tb = tb.tb_next
+  code = tb.tb_frame.f_code
+  return (f'File "{code.co_filename}", line {tb.tb_lineno}, in '
+          f'{code.co_name}') in text
+
+
 def original_error(error: BaseException) -> BaseException | None:
   """The host function's exception behind ``error``, or None.
 
@@ -193,16 +268,16 @@ def original_error(error: BaseException) -> BaseException | None:
     with _lock:
       if found:
         return _originals.get(int(found[-1]))
-      # The runtime's text ends with the original's last line.
+      # The runtime's text is the original's traceback: it ends with the
+      # original's last line and shows its innermost frame.
       for original in reversed(_originals.values()):
-        if text.rstrip().endswith(describe(original)):
+        if _shows(text, original):
           return original
     error = error.__cause__ or error.__context__
   return None
 
 
-@contextlib.contextmanager
-def original_errors():
+class original_errors(contextlib.ContextDecorator):  # noqa: N801 - as open()
   """Raises host functions' own exceptions out of the JAX calls they failed.
 
   Inside the block, a JAX call that failed because a host function raised
@@ -223,10 +298,17 @@ def original_errors():
     ...   print("caught", repr(e))
     caught KeyError(3)
   """
-  try:
-    yield
-  except Exception as error:  # noqa: BLE001 - only ours are replaced
+
+  def __enter__(self) -> "original_errors":
+    return self
+
+  def __exit__(self, exc_type, error, tb) -> bool:
+    # A class, not a generator: a StopIteration the host function raised
+    # comes out as itself.
+    if error is None or not isinstance(error, Exception):
+      return False
     original = original_error(error)
     if original is None or original is error:
-      raise
+      return False
+    original.__context__ = error
     raise original.with_traceback(original.__traceback__)

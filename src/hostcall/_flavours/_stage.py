@@ -8,11 +8,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hostcall._core import bind, results
-from hostcall._core.host import (check_arguments, check_callable,
-                                 check_operands)
-from hostcall._flavours import _linear, derivatives
-from hostcall._flavours._target import VMAP_METHODS, CallbackSpec, CallbackTarget
+from hostcall import _jax_private
+from hostcall._core import bind
+from hostcall._derivatives import linear
+from hostcall._derivatives.rules import HostFunction
+from hostcall._flavours import results
+from hostcall._flavours._target import VMAP_METHODS, CallbackTarget
+from hostcall._flavours.checks import (check_arguments, check_callable,
+                                       check_operands)
 
 def check_vmap_method(vmap_method) -> None:
   allowed = [*VMAP_METHODS, None]
@@ -33,11 +36,11 @@ def _check_callback_arguments(flavour, callback, result_shape_dtypes, args,
             f"hostcall.{flavour}(callback, result_shape_dtypes, *args), e.g. "
             f"hostcall.{flavour}(np.sin, jax.ShapeDtypeStruct(x.shape, "
             "x.dtype), x).")
-  fn = callback.fn if isinstance(callback, derivatives.HostFunction) else (
+  fn = callback.fn if isinstance(callback, HostFunction) else (
       callback)
   check_arguments(fn, names, dict.fromkeys(kwargs, None),
                   f"hostcall.{flavour}", fix)
-  if isinstance(callback, derivatives.HostFunction):
+  if isinstance(callback, HostFunction):
     for rule, second in ((callback.jvp, "tangents"), (callback.vjp,
                                                       "cotangent")):
       if rule is not None:
@@ -52,15 +55,15 @@ def with_rules(callback, jvp, vjp, finite_differences):
   """``callback`` as a ``HostFunction`` if derivative options were given."""
   if jvp is None and vjp is None and not finite_differences:
     return callback
-  if isinstance(callback, derivatives.HostFunction):
+  if isinstance(callback, HostFunction):
     raise TypeError("pass derivative rules either on the HostFunction or as "
                     "jvp=/vjp=/finite_differences=, not both.")
-  return derivatives.HostFunction(callback, jvp=jvp, vjp=vjp,
+  return HostFunction(callback, jvp=jvp, vjp=vjp,
                                   finite_differences=finite_differences)
 
 
 def stage(flavour: str, callback: Callable, result_shape_dtypes, args: tuple,
-          kwargs: dict, *, mode: str, sharding=None, partitioned=False,
+          kwargs: dict, *, ordering: str, sharding=None, partitioned=False,
           vmap_method: str | None,
           vmap_error: Callable[[], Exception] | None = None,
           jvp_error: Callable[[], Exception] | None = None) -> Any:
@@ -77,21 +80,20 @@ def stage(flavour: str, callback: Callable, result_shape_dtypes, args: tuple,
   out_tree, out_avals = results.avals_from_shapes(result_shape_dtypes,
                                                   "result_shape_dtypes")
   derivs = None
-  if isinstance(callback, derivatives.HostFunction) and out_avals:
-    in_avals = [jax.core.ShapedArray(np.shape(x), jnp.result_type(x))
+  if isinstance(callback, HostFunction) and out_avals:
+    in_avals = [_jax_private.ShapedArray(np.shape(x), jnp.result_type(x))
                 for x in flat]
-    derivs = _linear.Derivatives(callback, in_tree, in_avals, out_tree,
-                                 out_avals)
-  spec = CallbackSpec(
+    derivs = linear.Derivatives(callback, in_tree, tuple(in_avals),
+                                out_tree, tuple(out_avals))
+  host_target = CallbackTarget(
       flavour=flavour, callback=callback, in_tree=in_tree,
-      result_tree=out_tree, result_avals=out_avals, vmap_method=vmap_method,
+      result_tree=out_tree, result_avals=tuple(out_avals), method=vmap_method,
       vmap_error=vmap_error, jvp_error=jvp_error, derivatives=derivs)
   if partitioned and out_avals:
     raise ValueError(
         f"{flavour}: partitioned=True calls the host once per shard and "
         "cannot return results (JAX: Partitioned callback not supported with "
         "return values). Declare no result, or drop partitioned=True.")
-  outs = bind(flat, target=CallbackTarget(spec), identity=False,
-              result_avals=out_avals, mode=mode, sharding=sharding,
-              partitioned=partitioned)
+  outs = bind(flat, target=host_target, kind="call", result_avals=out_avals,
+              ordering=ordering, sharding=sharding, partitioned=partitioned)
   return jax.tree_util.tree_unflatten(out_tree, outs)

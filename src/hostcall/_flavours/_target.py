@@ -3,103 +3,96 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import jax
-import numpy as np
 
-from hostcall._core import host, results
-from hostcall._core.primitive import VECTORISED
-from hostcall._core.host import hash_key
+from hostcall import _jax_private
+from hostcall._core.context import CallContext
+from hostcall._core.targets import (VECTORISED, CallTarget, call_per_element,
+                                    hash_key, target)
+from hostcall._flavours import results
 
 VMAP_METHODS = ("sequential", "sequential_unrolled", *VECTORISED)
 
+_JAX_NAMES = {"debug_callback": "jax.debug.callback",
+              "debug_print": "jax.debug.callback"}
 
-def call_per_element(call: Callable[[list], list], flat_args: list,
-                     levels: Sequence, n_results: int) -> list:
-  """Calls ``call`` once per batch element, in index order, and stacks.
 
-  ``levels`` are ``(batch_dims, axis_size)`` of the vmaps, innermost first;
-  the outermost is peeled first, since inner levels' ``batch_dims`` refer to
-  arrays without its axis.
+@target
+class CallbackTarget(CallTarget):
+  """Calls ``callback(*args, **kwargs)`` with NumPy arrays on the host.
+
+  Attributes:
+    flavour: ``"pure_callback"``, ``"io_callback"``, ``"debug_callback"``
+      or ``"debug_print"``.
+    callback: the user's function (compared by ``hash_key``).
+    in_tree: the pytree of ``(args, kwargs)``.
+    result_tree, result_avals: what the callback returns.
+    method: the ``vmap_method``; None: ``vmap`` is refused with
+      ``vmap_error()``.
+    vmap_error, jvp_error: build the exception raised by a refused ``vmap``
+      and by a non-zero tangent reaching a call without derivative rules
+      (``jvp_error`` None: its results are constants).
+    derivatives: a ``hostcall._derivatives.linear.Derivatives``, when rules
+      were given.
   """
-  if not levels:
-    return list(call(flat_args))
-  *inner, (dims, size) = levels
-  per_element = []
-  for i in range(size):
-    sliced = [a if d is None else np.take(a, i, axis=d)
-              for a, d in zip(flat_args, dims)]
-    per_element.append(call_per_element(call, sliced, inner, n_results))
-  if not n_results:
-    return []
-  return [np.stack(column) for column in zip(*per_element)]
 
-
-@dataclasses.dataclass(frozen=True)
-class CallbackSpec:
-  """What a modern callback call site is, as its target carries it."""
-
-  flavour: str                 # "pure_callback", "io_callback", ...
-  callback: Callable
-  in_tree: Any                 # pytree of (args, kwargs)
+  flavour: str
+  callback: Callable = dataclasses.field(compare=False)
+  in_tree: Any
   result_tree: Any
   result_avals: tuple
-  vmap_method: str | None      # None: vmap refused with vmap_error
+  method: str | None
   vmap_error: Callable[[], Exception] | None = None
-  jvp_error: Callable[[], Exception] | None = None  # None: zero tangents
-  derivatives: Any = None      # a _linear.Derivatives, when rules were given
+  jvp_error: Callable[[], Exception] | None = None
+  derivatives: Any = None
+  callback_key: Any = dataclasses.field(init=False)
 
+  def __post_init__(self):
+    object.__setattr__(self, "callback_key", hash_key(self.callback))
 
-class CallbackTarget(host.HostTarget):
-  """Calls ``callback(*args, **kwargs)`` with NumPy arrays on the host."""
+  @property
+  def remat(self) -> str:
+    return "debug" if self.flavour.startswith("debug") else "tap"
 
-  returns_results = True
-
-  def __init__(self, spec: CallbackSpec):
-    super().__init__((spec.flavour, hash_key(spec.callback), spec.in_tree,
-                      spec.result_tree, spec.result_avals, spec.vmap_method,
-                      spec.jvp_error is None))
-    self.spec = spec
-    if spec.flavour in ("debug_callback", "debug_print"):
-      self.remat = "debug"
-      self.inline_outside_jit = True
+  @property
+  def inline_outside_jit(self) -> bool:
+    return self.flavour.startswith("debug")
 
   @property
   def name(self) -> str:
-    return getattr(self.spec.callback, "__name__", repr(self.spec.callback))
+    return getattr(self.callback, "__name__", repr(self.callback))
 
   def __repr__(self):
-    return f"{self.spec.flavour}({self.name!r})"
+    return f"{self.flavour}({self.name!r})"
 
   @property
   def label(self) -> str:
-    return f"hostcall.{self.spec.flavour}"
+    return f"hostcall.{self.flavour}"
 
   @property
   def jax_name(self) -> str:
-    return {"debug_callback": "jax.debug.callback",
-            "debug_print": "jax.debug.callback"}.get(
-                self.spec.flavour, f"jax.{self.spec.flavour}")
+    return _JAX_NAMES.get(self.flavour, f"jax.{self.flavour}")
 
   def vmap_method(self) -> str:
-    if self.spec.vmap_method is None:
-      raise self.spec.vmap_error()
-    return self.spec.vmap_method
+    if self.method is None:
+      raise self.vmap_error()
+    return self.method
 
   def has_derivatives(self) -> bool:
-    return self.spec.derivatives is not None
+    return self.derivatives is not None
 
   def jvp(self, primals, tangents):
-    if self.spec.derivatives is None:
+    if self.derivatives is None:
       return None
-    return self.spec.derivatives.jvp(primals, tangents)
+    return self.derivatives.jvp(primals, tangents)
 
   def transpose(self, cts, args):
     del cts
-    if self.spec.flavour == "io_callback":
+    if self.flavour == "io_callback":
       raise ValueError("IO callbacks do not support transpose.")
-    if self.spec.flavour == "pure_callback":
+    if self.flavour == "pure_callback":
       raise ValueError(
           "Pure callbacks do not support transpose. Please use "
           "`jax.custom_vjp` to use callbacks while taking gradients. "
@@ -112,26 +105,26 @@ class CallbackTarget(host.HostTarget):
   def check_differentiable(self) -> None:
     # With no floating result there is no tangent to get wrong.
     if not any(jax.numpy.issubdtype(a.dtype, jax.numpy.inexact)
-               for a in self.spec.result_avals):
+               for a in self.result_avals):
       return
-    if self.spec.jvp_error is not None:
-      raise self.spec.jvp_error()
+    if self.jvp_error is not None:
+      raise self.jvp_error()
 
-  def deliver(self, flat_args, context: host.CallContext):
-    levels, avals = context.batch_levels, self.spec.result_avals
-    if levels and self.spec.vmap_method in VECTORISED:
+  def deliver(self, flat_args, context: CallContext):
+    levels, avals = context.batch_levels, self.result_avals
+    if levels and self.method in VECTORISED:
       # The callback is vectorised: one call with every batch axis in front.
       sizes = tuple(size for _, size in reversed(levels))
-      avals = tuple(jax.core.ShapedArray(sizes + a.shape, a.dtype)
+      avals = tuple(_jax_private.ShapedArray(sizes + a.shape, a.dtype)
                     for a in avals)
       levels = ()
 
     def call_once(flat):
-      args, kwargs = jax.tree_util.tree_unflatten(self.spec.in_tree, flat)
-      result = self.spec.callback(*args, **kwargs)
+      args, kwargs = jax.tree_util.tree_unflatten(self.in_tree, flat)
+      result = self.callback(*args, **kwargs)
       return results.check_results(
-          result, self.spec.result_tree, avals,
-          f"{self.spec.flavour}: the callback {self.name!r}")
+          result, self.result_tree, avals,
+          f"{self.flavour}: the callback {self.name!r}")
 
     # Under vmap one host trip carries the batch; the callback sees one
     # element at a time, in index order, and the results are stacked.

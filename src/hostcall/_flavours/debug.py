@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import string
 import sys
 import threading
@@ -10,37 +11,34 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from hostcall._core.host import (check_arguments, check_callable,
-                                 is_array_like)
+from hostcall._core.targets import hash_key
+from hostcall._flavours.checks import (check_arguments, check_callable,
+                                       is_array_like)
 from hostcall._flavours import _stage
 
 _print_lock = threading.Lock()
 
 
+@dataclasses.dataclass(frozen=True)
 class _WithStatic:
-  """Calls ``fn(*args, **kwargs)`` from the dynamic leaves, static ones kept."""
+  """Calls ``fn(*args, **kwargs)`` from the dynamic leaves, static ones kept.
 
-  def __init__(self, fn, in_tree, static: dict):
-    self.fn, self.in_tree, self.static = fn, in_tree, static
-    self.__name__ = getattr(fn, "__name__", repr(fn))
+  Compared by ``fn`` and the static leaves' reprs, so that equal call sites
+  share one compilation.
+  """
 
-  def _key(self):
-    return (self.fn, self.in_tree, tuple(sorted(
-        (i, repr(v)) for i, v in self.static.items())))
+  fn: Callable = dataclasses.field(compare=False)
+  in_tree: Any
+  static: dict = dataclasses.field(compare=False)
+  key: tuple = dataclasses.field(init=False, repr=False)
 
-  def __hash__(self):
-    try:
-      return hash(self._key())
-    except TypeError:
-      return id(self)
+  def __post_init__(self):
+    object.__setattr__(self, "key", (hash_key(self.fn), tuple(sorted(
+        (i, repr(v)) for i, v in self.static.items()))))
 
-  def __eq__(self, other):
-    if not isinstance(other, _WithStatic):
-      return NotImplemented
-    try:
-      return self._key() == other._key()
-    except TypeError:
-      return self is other
+  @property
+  def __name__(self) -> str:  # noqa: PLW3201 - how errors name the callback
+    return getattr(self.fn, "__name__", repr(self.fn))
 
   def __call__(self, *dynamic):
     dynamic = iter(dynamic)
@@ -55,7 +53,8 @@ def _stage_debug(flavour, fn, args, kwargs, ordered, partitioned):
   static = {i: leaf for i, leaf in enumerate(flat) if not is_array_like(leaf)}
   dynamic = [leaf for leaf in flat if is_array_like(leaf)]
   _stage.stage(flavour, _WithStatic(fn, in_tree, static), None,
-               tuple(dynamic), {}, mode="ordered" if ordered else "unordered",
+               tuple(dynamic), {},
+               ordering="ordered" if ordered else "unordered",
                partitioned=partitioned, vmap_method="sequential",
                jvp_error=None)
 
@@ -164,22 +163,15 @@ def _as_jax_arrays(tree):
       lambda v: v.view(_AsJaxArray) if isinstance(v, np.ndarray) else v, tree)
 
 
+@dataclasses.dataclass(frozen=True)
 class _Printer:
   """Formats and prints on the host, with the NumPy print options of the
   trace."""
 
-  def __init__(self, fmt, printoptions, has_placeholders):
-    self.fmt, self.printoptions = fmt, printoptions
-    self.has_placeholders = has_placeholders
-    self.__name__ = "debug_print"
-
-  def __hash__(self):
-    return hash((self.fmt, self.printoptions, self.has_placeholders))
-
-  def __eq__(self, other):
-    return isinstance(other, _Printer) and (
-        (self.fmt, self.printoptions, self.has_placeholders) ==
-        (other.fmt, other.printoptions, other.has_placeholders))
+  fmt: str
+  printoptions: tuple
+  has_placeholders: bool
+  __name__ = "debug_print"
 
   def __call__(self, *args, **kwargs):
     args, kwargs = _as_jax_arrays((args, kwargs))

@@ -85,7 +85,7 @@ def io_callback(callback: Callable[..., Any], result_shape_dtypes: Any,
     vmap_method = "sequential"  # JAX maps an unordered one element-wise
   callback = _stage.with_rules(callback, jvp, vjp, finite_differences)
   return _stage.stage("io_callback", callback, result_shape_dtypes, args,
-                      kwargs, mode="io_ordered" if ordered else "io",
+                      kwargs, ordering="io_ordered" if ordered else "io",
                       sharding=sharding, partitioned=partitioned,
                       vmap_method=vmap_method,
                       vmap_error=_ordered_vmap_refused,

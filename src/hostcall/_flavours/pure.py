@@ -72,6 +72,6 @@ def pure_callback(callback: Callable[..., Any], result_shape_dtypes: Any,
   _stage.check_vmap_method(vmap_method)
   callback = _stage.with_rules(callback, jvp, vjp, finite_differences)
   return _stage.stage("pure_callback", callback, result_shape_dtypes, args,
-                      kwargs, mode="pure", sharding=sharding,
+                      kwargs, ordering="pure", sharding=sharding,
                       vmap_method=vmap_method, vmap_error=_vmap_refused,
                       jvp_error=_no_jvp)

@@ -38,8 +38,7 @@ def run(args) -> int:
   import numpy
 
   import hostcall
-  from hostcall import _native
-  from hostcall._core import modes
+  from hostcall._async import delivery, native
 
   print(f"hostcall {hostcall.__version__}")
   print(f"jax {jax.__version__}, jaxlib {jaxlib.__version__}, "
@@ -49,11 +48,11 @@ def run(args) -> int:
   print(f"processes: {jax.process_count()} (this one: {jax.process_index()})")
   print("sync taps: jax.interpreters.mlir.emit_python_callback "
         "(ordered by JAX effect tokens)")
-  print(f"async taps: {_native.status()}")
-  print(f"native cache: {_native.cache_dir()} (HOSTCALL_CACHE), compiler: "
-        f"{_native.compiler() or 'none found (set CXX)'}")
+  print(f"async taps: {native.status()}")
+  print(f"native cache: {native.cache_dir()} (HOSTCALL_CACHE), compiler: "
+        f"{native.compiler() or 'none found (set CXX)'}")
   print(f"queue capacity: {hostcall.queue_stats()['capacity']} bytes")
-  print(f"default delivery: {modes.current()}")
+  print(f"default delivery: {delivery.current()}")
   widgets = _version("ipywidgets")
   print("notebook widgets: " + (
       f"ipywidgets {widgets} (widget bars in Jupyter)"

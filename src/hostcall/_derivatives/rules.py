@@ -36,7 +36,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hostcall._core.host import check_callable
+from hostcall._derivatives.common import is_inexact
+from hostcall._flavours.checks import check_callable
 
 
 def fd_step(x: np.ndarray, direction: np.ndarray) -> float:
@@ -108,10 +109,6 @@ class HostFunction:
 
   def __repr__(self):
     return f"HostFunction({self.__name__})"
-
-
-def _is_inexact(dtype) -> bool:
-  return jnp.issubdtype(dtype, jnp.inexact)
 
 
 def _float64(x):
@@ -194,8 +191,8 @@ class _VjpFromJvp:
     grads = []
     for j, x in enumerate(flat_x):
       x = np.asarray(x)
-      grad = np.zeros(x.shape, x.dtype if _is_inexact(x.dtype) else np.float32)
-      if _is_inexact(x.dtype):
+      grad = np.zeros(x.shape, x.dtype if is_inexact(x.dtype) else np.float32)
+      if is_inexact(x.dtype):
         for i in range(x.size):
           basis = [np.zeros(np.shape(v), np.asarray(v).dtype) for v in flat_x]
           basis[j].reshape(-1)[i] = 1

@@ -14,20 +14,9 @@ from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
-from jax.interpreters import ad
 
-from hostcall._core.host import batch_levels  # noqa: F401 - re-exported
-
-
-def _zeros(aval):
-  if aval.dtype == jax.dtypes.float0:
-    return np.zeros(aval.shape, jax.dtypes.float0)
-  return jnp.zeros(aval.shape, aval.dtype)
-
-
-def instantiate(t):
-  return _zeros(t.aval) if type(t) is ad.Zero else t
+from hostcall import _jax_private
+from hostcall._derivatives.common import instantiate, zeros
 
 
 def lifted_jvp(jvp: Callable, levels: Sequence, primals: list,
@@ -37,10 +26,10 @@ def lifted_jvp(jvp: Callable, levels: Sequence, primals: list,
   Symbolic zero tangents stay symbolic for ``jvp``, which may rely on them
   (a rule linear in some operands); results come back batched at axis 0.
   """
-  moving = [i for i, t in enumerate(tangents) if type(t) is not ad.Zero]
+  moving = [i for i, t in enumerate(tangents) if type(t) is not _jax_private.Zero]
 
   def one(prims, moving_tangents):
-    tans = [ad.Zero(jax.typeof(p).to_tangent_aval()) for p in prims]
+    tans = [_jax_private.Zero(jax.typeof(p).to_tangent_aval()) for p in prims]
     for i, t in zip(moving, moving_tangents):
       tans[i] = t
     return [instantiate(t) for t in jvp(list(prims), tans)]
@@ -68,9 +57,9 @@ def lifted_transpose(transpose: Callable, levels: Sequence, cts: list,
   results are batched at axis 0; cotangents of the linear operands are
   returned batched where the operands were (summed where they were not).
   """
-  linear = [i for i, a in enumerate(args) if ad.is_undefined_primal(a)]
+  linear = [i for i, a in enumerate(args) if _jax_private.is_undefined_primal(a)]
   known = [i for i in range(len(args)) if i not in linear]
-  avals = {i: jax.core.ShapedArray(_unbatched_shape(args[i].aval.shape,
+  avals = {i: _jax_private.ShapedArray(_unbatched_shape(args[i].aval.shape,
                                                     levels, i),
                                    args[i].aval.dtype) for i in linear}
 
@@ -79,9 +68,9 @@ def lifted_transpose(transpose: Callable, levels: Sequence, cts: list,
     for i, v in zip(known, known_values):
       full[i] = v
     for i in linear:
-      full[i] = ad.UndefinedPrimal(avals[i])
+      full[i] = _jax_private.UndefinedPrimal(avals[i])
     out = transpose(list(cts_), full)
-    return [instantiate(out[i]) if out[i] is not None else _zeros(avals[i])
+    return [instantiate(out[i]) if out[i] is not None else zeros(avals[i])
             for i in linear]
 
   fn = one

@@ -1,12 +1,13 @@
-"""Loop-buffered delivery: the taps of K loop steps reach the host in one trip.
+"""``hostcall.scan``: the taps of K loop steps reach the host in one trip.
 
 ``hostcall.scan`` runs the loop as chunks of K steps, an inner ``lax.scan``
-each, and traces its body with a ``Collector`` active. A tap bound directly
-in the body (not inside a cond, while or vmap of the body) is not staged as a
-host call: its values become extra outputs of the inner scan, stacked K deep,
-and after each chunk (and the shorter last one) one host call delivers them.
-On the host, ``FlushTarget`` replays the taps one by one, step by step, in
-program order, to their own host functions.
+each, and traces its body with a ``Collector`` active (see
+``hostcall._core.collecting``). A tap bound directly in the body (not inside
+a cond, while or vmap of the body) is not staged as a host call: its values
+become extra outputs of the inner scan, stacked K deep, and after each chunk
+(and the shorter last one) one host call delivers them. On the host,
+``FlushTarget`` replays the taps one by one, step by step, in program order,
+to their own host functions.
 
 The device pays one host call per K steps; the buffers hold K times one
 step's tap payload.
@@ -14,160 +15,116 @@ step's tap payload.
 
 from __future__ import annotations
 
-import contextlib
-import logging
+import dataclasses
 import sys
-import threading
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.extend import core as jex_core
 
-from hostcall import _jax_private
-from hostcall._core import errors, host
-
-_local = threading.local()
-logger = logging.getLogger("hostcall")
-
-
-class Collector:
-  """The taps bound at the top level of one trace of a loop body: each
-  ``(target, values, delivery)``."""
-
-  def __init__(self, trace):
-    self.trace = trace
-    self.taps: list[tuple[host.HostTarget, list, str]] = []
-
-  def owns(self, flat_args) -> bool:
-    # Only a tap bound by the body's own trace: not one inside a cond,
-    # while or vmap in the body, even when it closes over body values.
-    with jex_core.take_current_trace() as current:
-      if current is not self.trace:
-        return False
-    # Its operands are the body's values or constants.
-    return all(_jax_private.trace_of(a) in (self.trace, None)
-               for a in flat_args)
-
-  def signature(self) -> list:
-    return [(target, [jax.ShapeDtypeStruct(jnp.shape(v), jnp.result_type(v))
-                      for v in values], delivery)
-            for target, values, delivery in self.taps]
+from hostcall._core import errors
+from hostcall._core.collecting import collecting
+from hostcall._core.context import (CallContext, delivering_asynchronously,
+                                    make_context, swap_call_context)
+from hostcall._core.primitive import bind
+from hostcall._core.targets import TapTarget, target
 
 
-def intercept(flat_args, target: host.HostTarget, delivery: str) -> bool:
-  """Records a result-less tap (delivered as ``delivery`` asks) in the
-  active collector; True if recorded."""
-  collector = getattr(_local, "collector", None)
-  if (collector is None or not target.bufferable
-      or not collector.owns(flat_args)):
-    return False
-  collector.taps.append((target, list(flat_args), delivery))
-  return True
+@target
+class FlushTarget(TapTarget):
+  """Replays K steps of buffered taps, in order, to their host functions.
 
+  Attributes:
+    targets: the buffered taps' targets, in program order.
+    sizes: how many flat operands each of them has.
+    deliveries: the delivery each asked for.
+  """
 
-@contextlib.contextmanager
-def collecting():
-  with jex_core.take_current_trace() as trace:
-    collector = Collector(trace)
-  previous = getattr(_local, "collector", None)
-  _local.collector = collector
-  try:
-    yield collector
-  finally:
-    _local.collector = previous
+  targets: tuple
+  sizes: tuple
+  deliveries: tuple
+  _contexts_cache: dict = dataclasses.field(default_factory=dict,
+                                            compare=False)
 
-
-class FlushTarget(host.HostTarget):
-  """Replays K steps of buffered taps, in order, to their host functions."""
-
-  returns_results = False
   bufferable = False  # an enclosing hostcall.scan flushes its own chunks
 
-  def __init__(self, taps: list, every: int):
-    deliveries = tuple(d for _, _, d in taps)
-    super().__init__(("flush", tuple(t for t, _, _ in taps),
-                      tuple(len(s) for _, s, _ in taps), deliveries, every))
-    self.targets = [t for t, _, _ in taps]
-    self.sizes = [len(s) for _, s, _ in taps]
+  @classmethod
+  def of(cls, signature: list) -> "FlushTarget":
+    """The flush of a collector's ``signature()``."""
+    return cls(tuple(t for t, _, _ in signature),
+               tuple(len(s) for _, s, _ in signature),
+               tuple(d for _, _, d in signature))
+
+  @property
+  def delivery(self) -> str:
     # The chunk goes asynchronously when every tap in it asked to.
-    self.delivery = ("async" if all(d == "async" for d in deliveries)
-                     else "sync")
-    self._cache: dict = {}
+    return ("async" if all(d == "async" for d in self.deliveries)
+            else "sync")
 
   def __repr__(self):
-    return f"buffered_taps({self.targets!r})"
+    return f"buffered_taps({list(self.targets)!r})"
 
-  def vmap_method(self) -> str:
-    return "broadcast_all"  # every batch axis in front of the K axis
-
-  def check_differentiable(self) -> None:
-    return None  # no results: nothing to differentiate
-
-  def _contexts(self, context: host.CallContext) -> list:
+  def _contexts(self, context: CallContext) -> list:
     key = (context.batch_levels, context.device)
-    contexts = self._cache.get(key)
+    contexts = self._contexts_cache.get(key)
     if contexts is None:
-      contexts = self._cache[key] = [host.make_context(tuple(
+      contexts = self._contexts_cache[key] = [make_context(tuple(
           ("batch", (0,) * size, axis_size)
           for _, axis_size in context.batch_levels), context.device)
           for size in self.sizes]
     return contexts
 
-  def deliver(self, flat_args, context: host.CallContext):
+  def deliver(self, flat_args, context: CallContext):
     *buffers, count = flat_args
     lead = (slice(None),) * len(context.batch_levels)
     n = int(np.asarray(count).reshape(-1)[0])
     taps, vectorised = [], []
     offset = 0
-    for target, size, tap_context in zip(self.targets, self.sizes,
-                                         self._contexts(context)):
-      tap = (target, buffers[offset:offset + size], tap_context)
-      (taps if target.deliver_steps is None else vectorised).append(tap)
+    for tap_target, size, tap_context in zip(self.targets, self.sizes,
+                                             self._contexts(context)):
+      tap = (tap_target, buffers[offset:offset + size], tap_context)
+      (taps if tap_target.deliver_steps is None else vectorised).append(tap)
       offset += size
     # The hot loop of loop-buffered delivery: one host function call per tap
-    # per step, as host.run would make it, without its per-call set-up.
+    # per step, as calls.run would make it, without its per-call set-up.
     # Ctrl-C or sys.exit() in a tap stops a computation that waits for the
     # chunk; one that does not wait (asynchronous delivery) has gone on, and
     # the chunk's other taps are delivered as a plain loop's would be.
-    stops = () if host.delivering_asynchronously() else (KeyboardInterrupt,
-                                                           SystemExit)
-    outer = host.call_context()
+    stops = () if delivering_asynchronously() else (KeyboardInterrupt,
+                                                    SystemExit)
+    outer = swap_call_context(None)
     try:
       for step in range(n):
         index = lead + (step, Ellipsis)
-        for target, tap_buffers, tap_context in taps:
-          host._current.context = tap_context
+        for tap_target, tap_buffers, tap_context in taps:
+          swap_call_context(tap_context)
           try:
-            target.deliver([b[index] for b in tap_buffers], tap_context)
+            tap_target.deliver([b[index] for b in tap_buffers], tap_context)
           except stops:
             raise
           except BaseException:  # noqa: BLE001 - later taps still run
-            _failed(target)
+            _failed(tap_target)
       # Vectorised taps take the chunk in one call, after the others.
       steps = lead + (slice(0, n), Ellipsis)
-      for target, tap_buffers, tap_context in vectorised:
-        host._current.context = tap_context
+      for tap_target, tap_buffers, tap_context in vectorised:
+        swap_call_context(tap_context)
         try:
-          target.deliver_steps([b[steps] for b in tap_buffers], n,
-                               tap_context)
+          tap_target.deliver_steps([b[steps] for b in tap_buffers], n,
+                                   tap_context)
         except stops:
           raise
         except BaseException:  # noqa: BLE001 - later taps still run
-          _failed(target)
+          _failed(tap_target)
     finally:
-      host._current.context = outer
+      swap_call_context(outer)
     return ()
 
 
-def _failed(target) -> None:
+def _failed(tap_target) -> None:
   """Reports the exception being handled, for the next barrier."""
-  exc = sys.exc_info()[1]
-  formatted = errors.format_safely(exc)
-  logger.error("hostcall: buffered tap %r raised\n%s", target, formatted)
-  host.errors.record(exc, formatted)
+  errors.postpone(sys.exc_info()[1], f"buffered tap {tap_target!r}")
 
 
 def step_output(out) -> tuple:
@@ -186,14 +143,16 @@ def step_output(out) -> tuple:
 
 
 def scan_length(xs, length: int | None, who: str) -> int:
-  """The number of steps of a scan over ``xs`` (or of ``length``)."""
+  """The number of steps of a scan over ``xs`` (or of ``length``); refuses,
+  with ``lax.scan``'s own words, what ``lax.scan`` refuses (a ``length``
+  that disagrees with ``xs``, leaves of different lengths)."""
   leaves = jax.tree_util.tree_leaves(xs)
-  steps = length if length is not None else (
-      leaves[0].shape[0] if leaves else None)
-  if steps is None:
+  if length is None and not leaves:
     raise ValueError(f"{who} needs xs or length to know its number of steps, "
                      "as jax.lax.scan does.")
-  return int(steps)
+  jax.eval_shape(lambda xs: lax.scan(lambda c, x: (c, None), 0, xs,
+                                     length=length), xs)
+  return int(length if length is not None else leaves[0].shape[0])
 
 
 def scan(f: Callable, init, xs=None, length: int | None = None,
@@ -241,22 +200,21 @@ def scan(f: Callable, init, xs=None, length: int | None = None,
                      every=every, after_chunk=after_chunk)
     return carry, flip(ys)
 
-  from hostcall._core.primitive import bind  # the primitive imports us
-  targets = []
+  flushes = []
 
   def body(carry, x):
     # Taps of one step become extra outputs, stacked by the inner scan.
     with collecting() as collector:
       carry, y = step_output(f(carry, x))
-    targets[:] = [FlushTarget(collector.signature(), every)]
+    flushes[:] = [FlushTarget.of(collector.signature())]
     return carry, (y, [v for _, vals, _ in collector.taps for v in vals])
 
   def run(carry, xs_part, n):
     carry, (ys, taps) = lax.scan(body, carry, xs_part, length=n,
                                  unroll=unroll)
     if taps:
-      bind(list(taps) + [jnp.int32(n)], target=targets[0], identity=False,
-           delivery=targets[0].delivery)
+      bind(list(taps) + [jnp.int32(n)], target=flushes[0], kind="call",
+           delivery=flushes[0].delivery)
     if after_chunk is not None:
       after_chunk(carry, ys)
     return carry, ys

@@ -2,7 +2,7 @@
 
 A tap in asynchronous mode does not call Python from the device computation.
 Its operands are copied into a bounded FIFO queue (the native XLA FFI
-handler of ``hostcall._native``, or a Python queue when that cannot be
+handler of ``hostcall._async.native``, or a Python queue when that cannot be
 built) and the computation goes on; one consumer thread delivers the taps to
 their host functions in queue order, which is program order on each device.
 A full queue blocks the producer (back-pressure), never drops. ``barrier()``
@@ -18,6 +18,7 @@ import ctypes
 import itertools
 import logging
 import math
+import operator
 import os
 import sys
 import threading
@@ -27,12 +28,18 @@ import jax
 import ml_dtypes
 import numpy as np
 
-from hostcall import _native
-from hostcall._core import errors, host
+from hostcall._async import native
+from hostcall._core import calls, errors
+from hostcall._core.targets import HostTarget
 
 logger = logging.getLogger("hostcall")
 
 _JAX_DIR = os.path.dirname(jax.__file__) + os.sep
+# Where a consumer whose host function waits for a computation sits: JAX,
+# or a future (which another thread completes, maybe running one).
+_WAITING_DIRS = (_JAX_DIR, *(
+    os.path.join(os.path.dirname(threading.__file__), name) + os.sep
+    for name in ("concurrent", "asyncio")))
 
 #: Default bound of queued bytes (payload plus 64 bytes an item).
 DEFAULT_CAPACITY = 64 << 20
@@ -106,7 +113,7 @@ class _Sites:
     self._sites: dict[int, tuple] = {}
     self._lock = threading.Lock()
 
-  def add(self, target: host.HostTarget, contexts, layouts=None) -> int:
+  def add(self, target: HostTarget, contexts, layouts=None) -> int:
     with self._lock:
       site = next(self._ids)
       self._sites[site] = (target, contexts, layouts)
@@ -222,15 +229,24 @@ class _NativeQueue:
     if not n:
       return []
     handles, desc, items = self._handles, self._describe, []
-    for i in range(n):
-      lib.held.hostcall_describe(handles[i], desc)
-      site, key, address, size = desc[0], desc[1], desc[2], desc[3]
-      if key:
-        items.append((site, self._held.pop(key, None), None))
-      else:
-        items.append((site, None, ctypes.string_at(address, size)
-                      if size else b""))
-    lib.held.hostcall_release_many(handles, n)
+    try:
+      for i in range(n):
+        lib.held.hostcall_describe(handles[i], desc)
+        site, key, address, size = desc[0], desc[1], desc[2], desc[3]
+        if key:
+          items.append((site, self._held.pop(key, None), None))
+          continue
+        try:
+          raw = ctypes.string_at(address, size) if size else b""
+        except BaseException as exc:  # noqa: BLE001 - e.g. MemoryError
+          # The item is lost, but said so, counted and released: the
+          # barrier raises instead of waiting for it forever.
+          raw = _Unreadable(size, exc)
+        items.append((site, None, raw))
+    finally:
+      # Every popped item is released (its bytes no longer count against
+      # the capacity), whatever happened while reading it.
+      lib.held.hostcall_release_many(handles, n)
     if n < self.BATCH:
       # Let taps gather before the next trip: the device thread then rarely
       # has to wake this one.
@@ -245,6 +261,13 @@ class _NativeQueue:
             "producers_waiting": out[5]}
 
 
+class _Unreadable:
+  """A queued item whose bytes could not be read into Python."""
+
+  def __init__(self, size: int, exc: BaseException):
+    self.size, self.exc = size, exc
+
+
 def _decode(layouts, raw: bytes) -> list:
   arrays, offset = [], 0
   for layout in layouts:
@@ -256,8 +279,8 @@ def _decode(layouts, raw: bytes) -> list:
   return arrays
 
 
-class Delivery:
-  """The queue and its consumer thread."""
+class Consumer:
+  """The queue and the thread that consumes it."""
 
   #: Seconds between two looks of the watchdog at waiting producers.
   WATCH_INTERVAL = 0.02
@@ -273,11 +296,12 @@ class Delivery:
     self._bypassing = False
 
   def start(self):
-    """The queue, started (the native library loaded, the consumer thread
-    running) on first use."""
+    """Starts the queue (the native library built or loaded, the consumer
+    thread running) if it is not yet; returns it. Explicit: lowering an
+    asynchronous tap starts it, as does the first barrier that waits."""
     with self._lock:
       if self._queue is None:
-        lib = _native.load()
+        lib = native.load()
         self._queue = (_NativeQueue(lib, self.capacity) if lib is not None
                        else _PythonQueue(self.capacity))
         self._thread = threading.Thread(target=self._consume,
@@ -290,23 +314,26 @@ class Delivery:
         atexit.register(wait)
       return self._queue
 
-  queue = property(start)
-
   @property
   def native(self) -> bool:
-    return isinstance(self.start(), _NativeQueue)
+    """Whether the started queue is the native one."""
+    return isinstance(self._queue, _NativeQueue)
 
   @property
   def is_consumer(self) -> bool:
     """Whether the calling thread is the one delivering queued taps."""
     return threading.current_thread() is self._thread
 
-  def set_capacity(self, capacity) -> None:
-    if (isinstance(capacity, bool) or not isinstance(capacity, int)
-        or not _MIN_CAPACITY <= capacity <= _MAX_CAPACITY):
+  def set_capacity(self, given) -> None:
+    try:  # any integer (a NumPy one too), never a bool or a float
+      capacity = (operator.index(given) if not isinstance(given, bool)
+                  else None)
+    except TypeError:
+      capacity = None
+    if capacity is None or not _MIN_CAPACITY <= capacity <= _MAX_CAPACITY:
       raise ValueError(
           f"the queue capacity is a number of bytes, an int from "
-          f"{_MIN_CAPACITY} (64 KiB) to 2**62; got {capacity!r}. The default "
+          f"{_MIN_CAPACITY} (64 KiB) to 2**62; got {given!r}. The default "
           f"is {DEFAULT_CAPACITY} (64 MiB).")
     self.capacity = capacity
     self.start().set_capacity(capacity)
@@ -323,7 +350,7 @@ class Delivery:
       try:
         batch = q.pop_batch(0.1)
       except BaseException:  # noqa: BLE001 - the consumer never dies
-        host.logger.exception("hostcall: the asynchronous queue failed")
+        logger.exception("hostcall: the asynchronous queue failed")
         time.sleep(0.01)
         continue
       for item in batch:
@@ -331,7 +358,7 @@ class Delivery:
         try:
           self._deliver(*item)
         except BaseException as exc:  # noqa: BLE001 - the consumer never dies
-          host.errors.record(exc, errors.format_safely(exc))
+          errors.postpone(exc, f"delivering a queued call of site {item[0]}")
         finally:
           self._delivering = False
           if self._bypassing:
@@ -343,23 +370,27 @@ class Delivery:
 
   def _watch(self) -> None:
     """Lets producers through a full queue while the consumer's host
-    function waits for a JAX computation (whose taps would wait for room
-    only the consumer frees: a deadlock)."""
+    function waits for a JAX computation, directly or through a future
+    (``concurrent.futures``, ``asyncio``): that computation's taps would
+    wait for room only the consumer frees, a deadlock. A host function that
+    computes, sleeps or waits on anything else keeps the bound (its
+    back-pressure is what holds the device)."""
     q = self._queue
     while True:
       time.sleep(self.WATCH_INTERVAL)
       try:
         if (self._delivering and not self._bypassing
-            and q.stats()["producers_waiting"] and self._consumer_in_jax()):
+            and q.stats()["producers_waiting"] and self._consumer_waits()):
           self._bypassing = True
           q.set_bypass(True)
       except BaseException:  # noqa: BLE001 - the watchdog never dies
-        host.logger.exception("hostcall: the queue's watchdog failed")
+        logger.exception("hostcall: the queue's watchdog failed")
 
-  def _consumer_in_jax(self) -> bool:
+  def _consumer_waits(self) -> bool:
+    """Whether the consumer thread waits inside JAX or on a future."""
     frame = sys._current_frames().get(self._thread.ident)
     while frame is not None:
-      if frame.f_code.co_filename.startswith(_JAX_DIR):
+      if frame.f_code.co_filename.startswith(_WAITING_DIRS):
         return True
       frame = frame.f_back
     return False
@@ -367,6 +398,12 @@ class Delivery:
   @staticmethod
   def _deliver(site: int, arrays, raw) -> None:
     target, contexts, layouts = sites.get(site)
+    if isinstance(raw, _Unreadable):
+      raise RuntimeError(
+          f"a queued call of {target!r} ({raw.size} bytes) could not be read "
+          f"into Python ({type(raw.exc).__name__}: "
+          f"{errors.safe_str(raw.exc)}) and was dropped; send less at once "
+          "(or free host memory).") from raw.exc
     if arrays is None:
       arrays = _decode(layouts, raw)
     if isinstance(contexts, list):
@@ -379,7 +416,7 @@ class Delivery:
       arrays, context = unpacked
     else:
       context = contexts
-    host.run(target, arrays, context, asynchronous=True)
+    calls.run(target, arrays, context, asynchronous=True)
 
   def stats(self) -> dict:
     stats = self.start().stats()
@@ -401,7 +438,7 @@ class Delivery:
       return self._done.wait_for(lambda: self._delivered >= target, timeout)
 
 
-delivery = Delivery()
+consumer = Consumer()
 
 
 def wait() -> None:
@@ -409,10 +446,10 @@ def wait() -> None:
   the taps of computations their host functions ran, and so on."""
   jax.effects_barrier()
   for _ in range(_MAX_BARRIER_ROUNDS):
-    target = delivery.pushed()
-    delivery.drain(target=target)
+    target = consumer.pushed()
+    consumer.drain(target=target)
     jax.effects_barrier()  # computations the delivered host functions ran
-    if delivery.pushed() == target:
+    if consumer.pushed() == target:
       return
 
 
@@ -426,7 +463,7 @@ def set_queue_capacity(nbytes: int) -> None:
   Arguments:
     nbytes: an int from 65536 to 2**62.
   """
-  delivery.set_capacity(nbytes)
+  consumer.set_capacity(nbytes)
 
 
 def queue_stats() -> dict:
@@ -443,6 +480,7 @@ def queue_stats() -> dict:
     >>> hostcall.queue_stats()["capacity"]
     67108864
   """
-  stats = delivery.stats()
-  stats["native"] = delivery.native
+  consumer.start()
+  stats = consumer.stats()
+  stats["native"] = consumer.native
   return stats

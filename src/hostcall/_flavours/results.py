@@ -7,6 +7,8 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
+from hostcall import _jax_private
+
 _NUMBERS = (bool, int, float, complex)
 
 
@@ -64,7 +66,7 @@ def avals_from_shapes(shapes, what: str, *, legacy: bool = False
             f"{jax.dtypes.canonicalize_dtype(dtype)}, or enable 64-bit types "
             "with jax.config.update('jax_enable_x64', True).")
       dtype = jax.dtypes.canonicalize_dtype(dtype)
-    avals.append(jax.core.ShapedArray(shape, dtype))
+    avals.append(_jax_private.ShapedArray(shape, dtype))
   return tree, tuple(avals)
 
 

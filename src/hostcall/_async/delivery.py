@@ -1,4 +1,5 @@
-"""Which delivery a tap gets when its program is traced."""
+"""Which delivery a tap gets when its program is traced: ``"sync"`` (the
+host function runs inside the computation) or ``"async"`` (queued)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ _default = "sync"
 _local = threading.local()
 
 
-def _check(mode: str) -> str:
+def check(mode: str) -> str:
   if mode not in DELIVERIES:
     raise ValueError(f"delivery must be one of {DELIVERIES}, got {mode!r}.")
   return mode
@@ -34,7 +35,7 @@ def set_delivery(mode: str) -> None:
       keeps asynchronous dispatch; ``hostcall.barrier()`` waits for it).
   """
   global _default
-  _default = _check(mode)
+  _default = check(mode)
 
 
 @contextlib.contextmanager
@@ -58,7 +59,7 @@ def delivery(mode: str):
     1.
   """
   previous = getattr(_local, "mode", None)
-  _local.mode = _check(mode)
+  _local.mode = check(mode)
   try:
     yield
   finally:

@@ -10,28 +10,23 @@ reverse rule, and vice versa. The core primitive calls ``target.jvp`` and
 
 from __future__ import annotations
 
-from typing import Sequence
+import dataclasses
+import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.interpreters import ad
 
-from hostcall._core import bind, host, results
-from hostcall._flavours import derivatives
-from hostcall._flavours._target import call_per_element
-
-
-def _inexact(dtype) -> bool:
-  return jnp.issubdtype(dtype, jnp.inexact)
+from hostcall import _jax_private
+from hostcall._core.primitive import bind
+from hostcall._core.targets import CallTarget, call_per_element, target
+from hostcall._derivatives import rules
+from hostcall._derivatives.common import instantiate, is_inexact
+from hostcall._flavours import results
 
 
-def _instantiate(t, aval):
-  if type(t) is ad.Zero:
-    return jnp.zeros(aval.shape, aval.dtype)
-  return t
-
-
+@dataclasses.dataclass(frozen=True)
 class Derivatives:
   """The derivative structure of one host function ``fn(*args, **kwargs)``.
 
@@ -39,45 +34,45 @@ class Derivatives:
   arguments; keyword arguments are constants.
   """
 
-  def __init__(self, hostfn: derivatives.HostFunction, in_tree,
-               in_avals: Sequence, out_tree, out_avals: Sequence):
-    self.hostfn, self.in_tree = hostfn, in_tree
-    self.in_avals, self.out_tree = tuple(in_avals), out_tree
-    self.out_avals = tuple(out_avals)
-    n_positional = len(jax.tree_util.tree_leaves(
-        jax.tree_util.tree_unflatten(in_tree, list(range(len(in_avals))))[0]))
-    self.diff_in = tuple(i < n_positional and _inexact(a.dtype)
-                         for i, a in enumerate(self.in_avals))
-    self.diff_out = tuple(_inexact(a.dtype) for a in self.out_avals)
-    self.jvp_rule, self.vjp_rule = derivatives.rules_for(hostfn, out_tree,
-                                                         out_avals)
+  hostfn: rules.HostFunction
+  in_tree: Any
+  in_avals: tuple
+  out_tree: Any
+  out_avals: tuple
 
-  def __hash__(self):
-    return hash((id(self.hostfn), self.in_tree, self.in_avals, self.out_tree,
-                 self.out_avals))
+  @functools.cached_property
+  def diff_in(self) -> tuple[bool, ...]:
+    n_positional = len(jax.tree_util.tree_leaves(jax.tree_util.tree_unflatten(
+        self.in_tree, list(range(len(self.in_avals))))[0]))
+    return tuple(i < n_positional and is_inexact(a.dtype)
+                 for i, a in enumerate(self.in_avals))
 
-  def __eq__(self, other):
-    return (isinstance(other, Derivatives) and self.hostfn is other.hostfn
-            and (self.in_tree, self.in_avals, self.out_tree, self.out_avals)
-            == (other.in_tree, other.in_avals, other.out_tree,
-                other.out_avals))
+  @functools.cached_property
+  def diff_out(self) -> tuple[bool, ...]:
+    return tuple(is_inexact(a.dtype) for a in self.out_avals)
+
+  @functools.cached_property
+  def rules(self) -> tuple:
+    """The (jvp, vjp) host rules, given or derived."""
+    return rules.rules_for(self.hostfn, self.out_tree, self.out_avals)
 
   def linear_call(self, direction: str, residuals, linear) -> list:
     target = LinearTarget(self, direction)
-    return bind(list(residuals) + list(linear), target=target,
-                identity=False, result_avals=target.result_avals, mode="pure")
+    return bind(list(residuals) + list(linear), target=target, kind="call",
+                result_avals=target.result_avals, ordering="pure")
 
   def jvp(self, primals, tangents) -> list:
     """Tangents of every output (float0 zeros for integer outputs)."""
-    linear = [_instantiate(t, a) for t, a, d in
+    linear = [instantiate(t, a) for t, a, d in
               zip(tangents, self.in_avals, self.diff_in) if d]
     t_diff = iter(self.linear_call("jvp", primals, linear))
     return [next(t_diff) if d else
-            ad.Zero(a.to_tangent_aval())
+            _jax_private.Zero(a.to_tangent_aval())
             for a, d in zip(self.out_avals, self.diff_out)]
 
 
-class LinearTarget(host.HostTarget):
+@target
+class LinearTarget(CallTarget):
   """A host call of a derivative rule, linear in its trailing operands.
 
   ``"jvp"``: operands are the primals then the tangents of the
@@ -86,32 +81,46 @@ class LinearTarget(host.HostTarget):
   outputs; results, the cotangents of the differentiable inputs.
   """
 
-  returns_results = True
+  derivs: Derivatives
+  direction: str
 
-  def __init__(self, derivs: Derivatives, direction: str):
-    super().__init__((derivs, direction))
-    self.derivs, self.direction = derivs, direction
-    d = derivs
+  @functools.cached_property
+  def rule(self):
+    return self.derivs.rules[0 if self.direction == "jvp" else 1]
+
+  @functools.cached_property
+  def _second(self):
+    """The rule's second argument (tangents of the inputs, or the cotangent
+    of the result): avals, which come from the linear operands, and how to
+    build it."""
+    d = self.derivs
+    if self.direction == "jvp":
+      return (d.in_avals, d.diff_in, lambda full: tuple(
+          jax.tree_util.tree_unflatten(d.in_tree, full)[0]))
+    return (d.out_avals, d.diff_out, lambda full:
+            jax.tree_util.tree_unflatten(d.out_tree, full))
+
+  @functools.cached_property
+  def _returns(self):
+    """What the rule returns (a tangent of the result, or cotangents of the
+    inputs): its tree, avals, and which of them are kept."""
+    d = self.derivs
+    if self.direction == "jvp":
+      return d.out_tree, d.out_avals, d.diff_out
     positional = jax.tree_util.tree_structure(tuple(
         jax.tree_util.tree_unflatten(d.in_tree, list(d.in_avals))[0]))
     n_pos = positional.num_leaves
-    # The rule's second argument (tangents of the inputs, or the cotangent
-    # of the result), built from the linear operands and zeros; and what the
-    # rule returns (a tangent of the result, or cotangents of the inputs).
-    if direction == "jvp":
-      self.rule = d.jvp_rule
-      self._second = (d.in_avals, d.diff_in, lambda full: tuple(
-          jax.tree_util.tree_unflatten(d.in_tree, full)[0]))
-      self._returns = (d.out_tree, d.out_avals, d.diff_out)
-    else:
-      self.rule = d.vjp_rule
-      self._second = (d.out_avals, d.diff_out, lambda full:
-                      jax.tree_util.tree_unflatten(d.out_tree, full))
-      self._returns = (positional, d.in_avals[:n_pos], d.diff_in[:n_pos])
-    avals, mask = self._second[:2]
-    self.linear_avals = [a for a, m in zip(avals, mask) if m]
+    return positional, d.in_avals[:n_pos], d.diff_in[:n_pos]
+
+  @functools.cached_property
+  def linear_avals(self) -> list:
+    avals, mask, _ = self._second
+    return [a for a, m in zip(avals, mask) if m]
+
+  @functools.cached_property
+  def result_avals(self) -> tuple:
     _, avals, mask = self._returns
-    self.result_avals = tuple(a for a, m in zip(avals, mask) if m)
+    return tuple(a for a, m in zip(avals, mask) if m)
 
   def _second_operand(self, linear, zeros):
     avals, mask, build = self._second
@@ -144,11 +153,11 @@ class LinearTarget(host.HostTarget):
             for g, a, m in zip(given, expected_avals, mask)])
     flat_out = results.check_results(
         out, expected_tree,
-        [jax.core.ShapedArray(a.shape, a.dtype) for a in expected_avals],
+        [_jax_private.ShapedArray(a.shape, a.dtype) for a in expected_avals],
         f"the {self.direction} rule of {d.hostfn.__name__!r}")
     return [o for o, m in zip(flat_out, mask) if m]
 
-  def deliver(self, flat_args, context: host.CallContext):
+  def deliver(self, flat_args, context):
     return call_per_element(self._host_call, list(flat_args),
                             context.batch_levels, len(self.result_avals))
 
@@ -156,10 +165,10 @@ class LinearTarget(host.HostTarget):
     d = self.derivs
     n = len(d.in_avals)
     residuals = args[:n]
-    if any(ad.is_undefined_primal(r) for r in residuals):
+    if any(_jax_private.is_undefined_primal(r) for r in residuals):
       raise NotImplementedError(
           f"{self!r} can only be transposed in its tangent operands.")
-    cts = [_instantiate(c, a) for c, a in zip(cts, self.result_avals)]
+    cts = [instantiate(c, a) for c, a in zip(cts, self.result_avals)]
     other = "vjp" if self.direction == "jvp" else "jvp"
     lin_cts = d.linear_call(other, residuals, cts)
     return [None] * n + list(lin_cts)
@@ -170,10 +179,10 @@ class LinearTarget(host.HostTarget):
     residuals, linear = primals[:n], primals[n:]
     res_t, lin_t = tangents[:n], tangents[n:]
     out = []
-    if any(type(t) is not ad.Zero for t in lin_t):
-      lin_t = [_instantiate(t, a) for t, a in zip(lin_t, self.linear_avals)]
+    if any(type(t) is not _jax_private.Zero for t in lin_t):
+      lin_t = [instantiate(t, a) for t, a in zip(lin_t, self.linear_avals)]
       out = d.linear_call(self.direction, residuals, lin_t)
-    if any(type(t) is not ad.Zero for t in res_t):
+    if any(type(t) is not _jax_private.Zero for t in res_t):
       second = self._residual_jvp(residuals, linear, res_t)
       out = second if not out else [a + b for a, b in zip(out, second)]
     if not out:
@@ -183,7 +192,7 @@ class LinearTarget(host.HostTarget):
   def _residual_jvp(self, residuals, linear, res_t) -> list:
     """How the rule's output moves with the primals: the rule's own rule."""
     rule = self.rule
-    if not isinstance(rule, derivatives.HostFunction):
+    if not isinstance(rule, rules.HostFunction):
       raise NotImplementedError(
           f"the {self.direction} rule of {self.derivs.hostfn.__name__!r} is "
           "not itself differentiable, so this derivative is of too high an "
@@ -195,15 +204,15 @@ class LinearTarget(host.HostTarget):
     out_tree, out_avals, mask = self._returns
     rule_args = (tuple(args), second)
     flat_in, rule_in_tree = jax.tree_util.tree_flatten((rule_args, kwargs))
-    rule_in_avals = [jax.core.ShapedArray(np.shape(x), jnp.result_type(x))
+    rule_in_avals = [_jax_private.ShapedArray(np.shape(x), jnp.result_type(x))
                      for x in flat_in]
-    rule_derivs = Derivatives(rule, rule_in_tree, rule_in_avals, out_tree,
-                              out_avals)
+    rule_derivs = Derivatives(rule, rule_in_tree, tuple(rule_in_avals),
+                              out_tree, tuple(out_avals))
     # Tangents: the positional primals move; the (co)tangent operand and the
     # keyword arguments do not.
     n_moving = len(jax.tree_util.tree_leaves(tuple(args)))
-    flat_t = [res_t[i] if i < n_moving else ad.Zero(rule_in_avals[i])
+    flat_t = [res_t[i] if i < n_moving else _jax_private.Zero(rule_in_avals[i])
               for i in range(len(flat_in))]
     t_out = rule_derivs.jvp(flat_in, flat_t)
-    return [_instantiate(t, a) for t, a, m in zip(t_out, out_avals, mask)
+    return [instantiate(t, a) for t, a, m in zip(t_out, out_avals, mask)
             if m]

@@ -1,0 +1,67 @@
+"""The emitter of queued taps: the device copies operands into the queue.
+
+On CPU, with the native library, an XLA FFI custom call copies the operands
+(as many bytes as the call site's layouts say) into the queue and returns;
+the consumer thread reads them by the same layouts. Elsewhere (another
+platform, a global view of several devices, whose partitioner drops our
+custom call's sharding, an operand of an extended dtype, or the pure-Python
+queue) a runtime Python callback pushes copies of the operands instead. An
+ordered tap threads JAX's token through either.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+from hostcall import _jax_private
+from hostcall._async import queue
+from hostcall._core.targets import HostTarget
+
+
+def emit(ctx, target: HostTarget, contexts, token, operands, operand_avals,
+         op_sharding):
+  """Emits the queueing of ``operands``; returns the new token (or None)."""
+  consumer = queue.consumer
+  consumer.start()  # loads (or builds) the native library on first use
+  axis_context = ctx.module_context.axis_context
+  global_view = (isinstance(axis_context, _jax_private.ShardingContext)
+                 and axis_context.num_devices > 1)
+  on_cpu = list(ctx.module_context.platforms) == ["cpu"]
+  layouts = queue.layouts_of(operand_avals)
+  if layouts is None or global_view or not on_cpu or not consumer.native:
+    return _emit_python_push(ctx, queue.sites.add(target, contexts), token,
+                             operands, operand_avals, op_sharding)
+  site = queue.sites.add(target, contexts, layouts)
+  if token is not None:
+    name = "hostcall_enqueue_ordered"
+    operands = [token, *operands]
+    avals_in = [_jax_private.abstract_token, *operand_avals]
+    avals_out = [_jax_private.abstract_token]
+  else:
+    name, avals_in, avals_out = "hostcall_enqueue", operand_avals, []
+  op = jax.ffi.build_ffi_lowering_function(name, has_side_effect=True)(
+      ctx.replace(avals_in=avals_in, avals_out=avals_out), *operands,
+      site=np.int64(site),
+      nbytes=np.array([layout.nbytes for layout in layouts], np.int64))
+  if op_sharding is not None:
+    _jax_private.set_sharding(ctx.module_context, op, op_sharding)
+  return op.results[0] if token is not None else None
+
+
+def push_callback(site: int):
+  """A runtime callback that queues copies of its operands for ``site``."""
+  def callback(*flat):
+    queue.consumer.push(site, list(flat))
+    return ()
+  return callback
+
+
+def _emit_python_push(ctx, site, token, operands, operand_avals,
+                      op_sharding):
+  call_ctx = ctx.replace(avals_in=operand_avals, avals_out=[])
+  _, token, _ = _jax_private.emit_python_callback(
+      call_ctx, push_callback(site), token, operands, operand_avals, [],
+      has_side_effect=True, returns_token=token is not None,
+      sharding=op_sharding)
+  return token

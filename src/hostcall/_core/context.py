@@ -1,0 +1,135 @@
+"""What a host function may learn about the call that reached it.
+
+The primitive carries a call site's transformations as hashable tuples; a
+``CallContext`` is built from them once per call site and device (per call
+for a partitioned call, which also learns its shard's place), and is the
+context of the host call while it runs in a thread (``call_context()``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class CallContext:
+  """What the host function may learn about the call that reached it.
+
+  Attributes:
+    transforms: the JAX transformations applied to the tapped value, outermost
+      last, as ``(name, params)`` pairs, e.g.
+      ``(('batch', {'batch_dims': (0,)}),)``.
+    device: the ``jax.Device`` whose computation made the call.
+    process_index: the index of the process that owns ``device``.
+    batch_levels: ``(batch_dims, axis_size)`` of each enclosing ``vmap``,
+      innermost first.
+    shard_indices: in a partitioned call (``partitioned=True`` under ``jit``
+      of sharded arrays), where each array operand's shard sits in its
+      global array: one tuple of slices per flat operand. None otherwise.
+  """
+
+  transforms: tuple[tuple[str, dict[str, Any]], ...]
+  device: Any
+  batch_levels: tuple[tuple[tuple, int], ...] = ()
+  shard_indices: tuple[tuple[slice, ...], ...] | None = None
+
+  @property
+  def process_index(self) -> int:
+    """The index of the process (host) that owns ``device``."""
+    return getattr(self.device, "process_index", 0)
+
+
+def batch_levels(transforms) -> tuple[tuple[tuple, int], ...]:
+  """``(batch_dims, axis_size)`` of each vmap in ``transforms`` (the
+  primitive's tuples, ``("batch", batch_dims, axis_size)``), innermost
+  first."""
+  return tuple((t[1], t[2]) for t in transforms if t[0] == "batch")
+
+
+def _unpack_transforms(transforms: tuple) -> tuple:
+  # The primitive keeps transforms as hashable tuples; users see dicts.
+  unpacked = []
+  for name, *params in transforms:
+    if name == "batch":  # ("batch", batch_dims, axis_size)
+      unpacked.append((name, {"batch_dims": params[0]}))
+    else:
+      unpacked.append((name, {}))
+  return tuple(unpacked)
+
+
+def make_context(transforms: tuple, device,
+                 shard_indices: tuple | None = None) -> CallContext:
+  """The context of one call site on one device."""
+  return CallContext(_unpack_transforms(transforms), device,
+                     batch_levels(transforms), shard_indices)
+
+
+_current = threading.local()
+
+
+def call_context() -> CallContext | None:
+  """The context of the host call running in this thread, or None.
+
+  Host functions of every flavour may call it to learn which device called
+  them (``.device``), from which process (``.process_index``) and under which
+  transformations (``.transforms``, ``.batch_levels``).
+
+  Example:
+    >>> import jax, numpy as np, hostcall
+    >>> jax.jit(lambda x: hostcall.debug_callback(
+    ...     lambda v: print(hostcall.call_context().device.id), x))(1.0)
+    0
+  """
+  return getattr(_current, "context", None)
+
+
+def delivering_asynchronously() -> bool:
+  """Whether this thread delivers a queued (asynchronous) call now: its
+  computation has gone on and will not fail with the host function."""
+  return getattr(_current, "asynchronous", False)
+
+
+def forbid_waiting(what: str) -> None:
+  """Marks the calling thread, for good, as one that host calls wait for
+  (``what``, e.g. ``"a metrics writer"``): a barrier there would wait for
+  itself, and raises instead."""
+  _current.waiting_forbidden = what
+
+
+def why_waiting_is_forbidden() -> str | None:
+  """What the calling thread is, if a barrier there would wait for itself
+  (``"a host function"`` while it runs one), else None."""
+  if getattr(_current, "context", None) is not None:
+    return "a host function"
+  return getattr(_current, "waiting_forbidden", None)
+
+
+def swap_call_context(context: CallContext | None) -> CallContext | None:
+  """Makes ``context`` this thread's call context; returns the one before.
+  For hot loops that deliver many calls (restore the old one after)."""
+  outer = getattr(_current, "context", None)
+  _current.context = context
+  return outer
+
+
+class calling:  # noqa: N801 - used as a context manager, like open()
+  """``with calling(context, asynchronous=...):`` the host function runs in
+  ``context``; the one before is restored after (calls nest: a host
+  function may run a computation that calls the host)."""
+
+  __slots__ = ("_context", "_asynchronous", "_outer")
+
+  def __init__(self, context: CallContext, asynchronous: bool = False):
+    self._context, self._asynchronous = context, asynchronous
+
+  def __enter__(self):
+    self._outer = (getattr(_current, "context", None),
+                   getattr(_current, "asynchronous", False))
+    _current.context, _current.asynchronous = (self._context,
+                                               self._asynchronous)
+    return self._context
+
+  def __exit__(self, *exc) -> None:
+    _current.context, _current.asynchronous = self._outer

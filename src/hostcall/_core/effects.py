@@ -1,0 +1,55 @@
+"""The side effects a host call carries, by its ``ordering``.
+
+* ``"ordered"``: sequenced with every other ordered hostcall (JAX threads a
+  token through the program for it); never elided or duplicated.
+* ``"unordered"``: never elided, but free to move between each other.
+* ``"pure"``: no effect; elided, duplicated or moved like any pure operation.
+* ``"io"`` / ``"io_ordered"``: JAX's own ``io_callback`` effects, so that
+  every rule JAX applies to its io callbacks (refused in a vmap of ``cond``
+  and of a ``while`` with a batched predicate, under ``checkpoint``'s partial
+  evaluation, inside ``custom_jvp``) and their ordering with JAX's ordered io
+  callbacks apply to hostcall's io callbacks unchanged.
+
+hostcall's two effects are declared legal wherever JAX's callback effects
+are (loops, ``cond``, ``custom_jvp``, ``checkpoint``).
+"""
+
+from __future__ import annotations
+
+
+from hostcall import _jax_private
+
+
+class OrderedHostEffect(_jax_private.Effect):
+  """Ordered hostcalls: run in program order, never elided or duplicated."""
+
+  __str__ = lambda self: "HostcallOrdered"  # noqa: E731
+
+
+class UnorderedHostEffect(_jax_private.Effect):
+  """Unordered hostcalls: never elided, but free to move between each other."""
+
+  __str__ = lambda self: "Hostcall"  # noqa: E731
+
+
+_jax_private.register_effect(OrderedHostEffect, ordered=True)
+_jax_private.register_effect(UnorderedHostEffect, ordered=False)
+
+#: Each ordering's effect (None: pure).
+EFFECTS = {"ordered": OrderedHostEffect(), "unordered": UnorderedHostEffect(),
+           "pure": None, "io": _jax_private.IO_EFFECT,
+           "io_ordered": _jax_private.ORDERED_IO_EFFECT}
+
+#: The orderings whose calls thread a token (run in program order).
+ORDERED = ("ordered", "io_ordered")
+
+#: The effect types of hostcall's own orderings.
+HOST_EFFECT_TYPES = (OrderedHostEffect, UnorderedHostEffect)
+
+
+def effect_of(ordering: str):
+  """The effect of ``ordering``, or a ``ValueError`` naming the choices."""
+  if ordering not in EFFECTS:
+    raise ValueError(f"ordering must be one of {sorted(EFFECTS)}, got "
+                     f"{ordering!r}")
+  return EFFECTS[ordering]

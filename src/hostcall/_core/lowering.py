@@ -1,0 +1,151 @@
+"""The MLIR lowering of ``hostcall_p``: where the host function is called.
+
+``lower`` is the primitive's lowering rule. It learns which device makes the
+call (a constant on one device or under ``jit``'s global view, where one
+chosen device calls; the partition id under ``shard_map``, one call per
+device), threads the ordering token of ordered calls, and emits one of:
+
+* a synchronous call: JAX's runtime Python callback, which runs the host
+  function while the computation waits (``emit_sync``);
+* an asynchronous one: the operands are queued for the consumer thread
+  (``hostcall._async.lowering``);
+* a partitioned one: one call per shard (``emit_partitioned``, see
+  ``partitioned``).
+
+Results of a call made by one device of a global view are marked
+replicated, so that every device reads them.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import numpy as np
+from jax.extend.mlir.dialects import stablehlo as hlo
+
+from hostcall import _jax_private
+from hostcall._async import lowering as async_lowering
+from hostcall._async import queue
+from hostcall._core import calls, partitioned
+from hostcall._core.context import make_context
+from hostcall._core.effects import ORDERED, effect_of
+
+
+def _global_view(axis_context) -> bool:
+  """Whether the computation is ``jit`` over several devices (one program
+  sees the global arrays)."""
+  return (isinstance(axis_context, _jax_private.ShardingContext)
+          and axis_context.num_devices > 1)
+
+
+def _caller(ctx, device_index: int):
+  """``(devices, partition)``: the calling device (one), or, under
+  ``shard_map``, every device and the partition id that picks one."""
+  axis_context = ctx.module_context.axis_context
+  if isinstance(axis_context, _jax_private.SPMDAxisContext):
+    devices = tuple(getattr(axis_context.mesh, "devices", np.array([])).flat)
+    return devices, hlo.partition_id()
+  assignment = getattr(axis_context, "device_assignment", None) or ()
+  if not assignment:
+    assignment = tuple(ctx.module_context.get_backend().local_devices())
+  if len(assignment) > 1 and not 0 <= device_index < len(assignment):
+    raise ValueError(
+        f"device_index={device_index} is out of range: the computation runs "
+        f"on {len(assignment)} devices; pass 0 <= device_index < "
+        f"{len(assignment)}.")
+  device = assignment[device_index] if len(assignment) > 1 else assignment[0]
+  return device, None
+
+
+def lower(ctx, *args, target, transforms, kind, result_avals, ordering,
+          device_index, sharding, delivery, partitioned):
+  """The lowering rule of ``hostcall_p`` (its parameters: see
+  ``primitive``)."""
+  axis_context = ctx.module_context.axis_context
+  passed_through = list(args) if kind == "tap" else []
+  if _global_view(axis_context) and partitioned and not result_avals:
+    emit_partitioned(ctx, args, target, transforms, ordering, delivery)
+    return passed_through
+  devices, partition = _caller(ctx, device_index)
+  chosen = None
+  if _global_view(axis_context):
+    # One call, made by the chosen device.
+    chosen = sharding or jax.sharding.SingleDeviceSharding(devices)
+    devices = next(iter(chosen.device_set))
+  operands, operand_avals = list(args), list(ctx.avals_in)
+  if partition is not None:
+    contexts = [make_context(transforms, d) for d in devices]
+    operands.append(partition)
+    operand_avals.append(_jax_private.ShapedArray((), np.uint32))
+  else:
+    contexts = make_context(transforms, devices)
+  op_sharding = _jax_private.callback_op_sharding(axis_context, chosen,
+                                                  result_avals)
+  effect = effect_of(ordering)
+  token = ctx.tokens_in.get(effect) if ordering in ORDERED else None
+  if delivery == "async":
+    token = async_lowering.emit(ctx, target, contexts, token, operands,
+                                operand_avals, op_sharding)
+    results = []
+  else:
+    results, token = emit_sync(ctx, target, contexts, token, operands,
+                               operand_avals, result_avals, op_sharding,
+                               has_side_effect=effect is not None)
+  if ordering in ORDERED:
+    ctx.set_tokens_out(ctx.tokens_in.update_tokens(
+        _jax_private.TokenSet({effect: token})))
+  if chosen is not None:
+    results = [_jax_private.replicated(ctx, r, a)
+               for r, a in zip(results, result_avals)]
+  return passed_through if kind == "tap" else list(results)
+
+
+def _sync_callback(target, contexts):
+  """The runtime callback of a synchronous call site."""
+  if isinstance(contexts, list):  # shard_map: the last operand names the
+    def callback(*flat):          # calling device
+      *flat, partition = flat
+      return calls.run(target, flat, contexts[int(partition)])
+  else:
+    def callback(*flat):
+      return calls.run(target, flat, contexts)
+  return callback
+
+
+def emit_sync(ctx, target, contexts, token, operands, operand_avals,
+              result_avals, op_sharding, *, has_side_effect: bool):
+  """Emits a call that runs the host function while the computation waits;
+  returns ``(results, token)``."""
+  call_ctx = ctx.replace(avals_in=operand_avals, avals_out=list(result_avals))
+  results, token, _ = _jax_private.emit_python_callback(
+      call_ctx, _sync_callback(target, contexts), token, operands,
+      operand_avals, list(result_avals), has_side_effect=has_side_effect,
+      returns_token=token is not None, sharding=op_sharding)
+  return results, token
+
+
+def emit_partitioned(ctx, args, target, transforms, ordering, delivery):
+  """Emits one call per shard. No token can ride along: the call is
+  unordered, and an ordered caller's token passes through unused."""
+  axis_context = ctx.module_context.axis_context
+  operands, operand_avals = partitioned.operands(
+      ctx, args, ctx.avals_in, axis_context.num_devices)
+  unpack = functools.partial(
+      partitioned.unpack, global_avals=list(ctx.avals_in),
+      devices=tuple(axis_context.device_assignment), transforms=transforms)
+  if delivery == "async":
+    queue.consumer.start()
+    callback = async_lowering.push_callback(queue.sites.add(target, unpack))
+  else:
+    def callback(*flat):
+      unpacked = unpack(flat)
+      if unpacked is not None:
+        calls.run(target, *unpacked)
+      return ()
+  _jax_private.emit_python_callback(
+      ctx.replace(avals_in=operand_avals, avals_out=[]), callback, None,
+      operands, operand_avals, [], has_side_effect=True, returns_token=False,
+      partitioned=True)
+  if ordering in ORDERED:
+    ctx.set_tokens_out(ctx.tokens_in)

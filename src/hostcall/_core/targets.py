@@ -1,0 +1,171 @@
+"""Host targets: the host side of one call site, as the primitive carries it.
+
+A target's ``deliver(flat_args, context)`` turns the flat NumPy operands into
+what the user's function expects, calls it and returns flat NumPy results
+(none for a tap). Its class attributes say how the call behaves under each
+transformation and on failure. Two bases absorb what every flavour and
+application would otherwise repeat:
+
+* ``TapTarget``: called for its effect. Its failures are postponed to the
+  next barrier; under ``vmap`` it receives the whole batch; it has nothing to
+  differentiate.
+* ``CallTarget``: its failures fail the computation that made the call (its
+  results, if any, are needed there). ``vmap`` and derivatives are refused
+  unless a subclass says how.
+
+Targets are frozen dataclasses (``@target``): two equal call sites compare
+equal, so that tracing the same function twice reuses JAX's compilations.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from hostcall._core.context import CallContext
+
+#: Declares a target class: a frozen dataclass, compared by its fields (a
+#: field that must not count for equality says ``compare=False``), with the
+#: class's own ``__repr__``.
+target = functools.partial(dataclasses.dataclass, frozen=True, repr=False)
+
+
+class HostTarget:
+  """The base of every target; see the module's docstring."""
+
+  #: ``"fail"``: an exception in the host function fails the computation
+  #: (which needs the results, or, as JAX's debug callbacks, reports it so);
+  #: ``"postpone"``: it is logged and raised by the next barrier.
+  on_error: str = "fail"
+
+  #: Whether ``hostcall.scan`` may gather this call's values over K steps.
+  #: Targets whose host side must see each event as it happens say no.
+  bufferable: bool = True
+
+  #: The delivery this target asks for (``"async"`` for taps whose host side
+  #: never needs to run before the computation goes on); None: the delivery
+  #: in force when traced. ``hostcall.scan`` flushes asynchronously when
+  #: every tap of its chunk asks for it.
+  delivery: str | None = None
+
+  #: Called outside ``jit``, whether the host function runs right away in the
+  #: calling thread (JAX's debug callbacks) rather than from a compiled call.
+  inline_outside_jit: bool = False
+
+  #: How ``jax.checkpoint`` treats the call: ``"tap"`` (runs again where its
+  #: inputs are rematerialised, as the legacy module documented),
+  #: ``"debug"`` (exactly as ``jax.debug.callback`` under every policy) or
+  #: ``"once"`` (never again: a metric row, a progress event).
+  remat: str = "tap"
+
+  #: A vectorised host side: ``deliver_steps(stacked_args, steps, context)``
+  #: receives K buffered steps at once (the step axis after the batch axes)
+  #: instead of one ``deliver`` call per step; None when it has none.
+  deliver_steps: Callable | None = None
+
+  #: The JAX function this call site stands in for, named in failure logs
+  #: with JAX's own words ("jax.pure_callback failed"); None if none.
+  jax_name: str | None = None
+
+  def deliver(self, flat_args: Sequence[np.ndarray],
+              context: CallContext) -> Sequence[Any]:
+    raise NotImplementedError
+
+  def vmap_method(self) -> str:
+    """How a call with results is batched, or raise to refuse ``vmap``.
+
+    ``"sequential"``: the host function is called once per batch element, in
+    index order, from one host call that carries the whole batch.
+    ``"expand_dims"`` / ``"broadcast_all"`` / ``"legacy_vectorized"``: it is
+    called once with every batch axis in front.
+    """
+    raise NotImplementedError(f"vmap of {self!r} is not supported.")
+
+  def has_derivatives(self) -> bool:
+    """Whether ``jvp`` computes tangents (rather than returning None)."""
+    return False
+
+  def jvp(self, primals, tangents) -> list | None:
+    """Tangents of a call's results, staged with JAX ops, or None when the
+    target has no derivative rule."""
+    del primals, tangents
+    return None
+
+  def transpose(self, cts, args) -> list:
+    """Cotangents of the operands, for targets linear in some operands."""
+    raise NotImplementedError(f"{self!r} is not linear; it cannot be "
+                              "transposed.")
+
+  def check_differentiable(self) -> None:
+    """Called when a call with results meets a non-zero tangent: raise
+    unless its results may be treated as constants (zero tangents)."""
+    raise NotImplementedError(
+        f"the host call {self!r} has no derivative rule: wrap it in "
+        "jax.custom_jvp / jax.custom_vjp, stop the gradient with "
+        "jax.lax.stop_gradient, or use hostcall.pure_callback with "
+        "derivative rules.")
+
+  @property
+  def label(self) -> str:
+    """How logs and errors name this call site (``hostcall.pure_callback``)."""
+    return repr(self)
+
+  def __repr__(self):
+    return type(self).__name__
+
+
+class TapTarget(HostTarget):
+  """A host function called for its effect: failures wait for the barrier,
+  the whole batch arrives at once under ``vmap``, nothing to differentiate."""
+
+  on_error = "postpone"
+
+  def vmap_method(self) -> str:
+    return "broadcast_all"
+
+  def check_differentiable(self) -> None:
+    return None
+
+
+class CallTarget(HostTarget):
+  """A host function whose failures fail the computation that called it."""
+
+  on_error = "fail"
+
+
+#: vmap methods under which the host function gets the whole batch at once.
+VECTORISED = ("expand_dims", "broadcast_all", "legacy_vectorized")
+
+
+def call_per_element(call: Callable[[list], list], flat_args: list,
+                     levels: Sequence, n_results: int) -> list:
+  """Calls ``call`` once per batch element, in index order, and stacks.
+
+  ``levels`` are ``(batch_dims, axis_size)`` of the vmaps, innermost first;
+  the outermost is peeled first, since inner levels' ``batch_dims`` refer to
+  arrays without its axis.
+  """
+  if not levels:
+    return list(call(flat_args))
+  *inner, (dims, size) = levels
+  per_element = []
+  for i in range(size):
+    sliced = [a if d is None else np.take(a, i, axis=d)
+              for a, d in zip(flat_args, dims)]
+    per_element.append(call_per_element(call, sliced, inner, n_results))
+  if not n_results:
+    return []
+  return [np.stack(column) for column in zip(*per_element)]
+
+
+def hash_key(fn) -> Any:
+  """``fn`` itself when hashable (so equal functions share compilations),
+  else its identity."""
+  try:
+    hash(fn)
+    return fn
+  except TypeError:
+    return ("id", id(fn))

@@ -1,0 +1,68 @@
+"""Checks of what a flavour is given, made when the program is traced.
+
+Each names what was expected, what came, and how to fix it.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Callable, Sequence
+
+import jax
+import numpy as np
+
+from hostcall import _jax_private
+
+
+def check_callable(fn: Callable, what: str) -> None:
+  if not callable(fn):
+    raise TypeError(
+        f"{what} must be callable, got {fn!r} of type {type(fn).__name__}; "
+        "pass the function itself (`f`), not the result of calling it "
+        "(`f(x)`).")
+
+
+def _name(fn) -> str:
+  name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
+  module = getattr(fn, "__module__", None)
+  if name and module and module not in ("builtins", "__main__"):
+    return f"{module}.{name}"
+  return name or repr(fn)
+
+
+def check_arguments(fn: Callable, args: Sequence, kwargs: dict, what: str,
+                    fix: str) -> None:
+  """Raises ``TypeError`` when the trace already shows that ``fn`` cannot
+  take the arguments its host call will give it (``args``/``kwargs``:
+  placeholders of the right number and names), saying how to fix it."""
+  try:
+    signature = inspect.signature(fn)
+  except (TypeError, ValueError):
+    return  # no signature to read (some builtins): the call will tell
+  try:
+    signature.bind(*args, **kwargs)
+  except TypeError as exc:
+    given = ", ".join([*args, *(f"{k}=..." for k in kwargs)]) or "nothing"
+    raise TypeError(
+        f"{what} will call {_name(fn)}{signature} with ({given}), which it "
+        f"cannot take: {exc}. {fix}") from None
+
+
+_ARRAY_LIKE = (jax.Array, _jax_private.Tracer, np.ndarray, np.generic, bool,
+               int, float, complex, *_jax_private.HOST_CONSTANT_TYPES)
+
+
+def is_array_like(leaf) -> bool:
+  """Whether ``leaf`` can travel to the host as an array operand."""
+  return isinstance(leaf, _ARRAY_LIKE)
+
+
+def check_operands(flat, what: str) -> None:
+  """Raises a ``TypeError`` naming the first leaf that is not array-like."""
+  for leaf in flat:
+    if not is_array_like(leaf):
+      raise TypeError(
+          f"{what}: every leaf of the arguments sent to the host must be a "
+          f"JAX array, a NumPy array or a Python number; got {leaf!r} of type "
+          f"{type(leaf).__name__}. Pass other Python objects to the host "
+          "function through a closure or functools.partial instead.")

@@ -1,0 +1,167 @@
+"""metrics under concurrency and misuse: a run re-created while computations
+log to it, a writer slower than the device, a writer that waits, a closed
+run still logged to, names that would overwrite hostcall's columns."""
+
+import json
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import hostcall
+from hostcall import host_callback as hcb
+from hostcall import metrics
+from hostcall._apps import metrics as metrics_impl
+
+
+def test_rows_logged_while_the_run_is_recreated_are_each_kept_once(tmp_path):
+  runs = [metrics.Run("race", root=tmp_path, writers=["jsonl", "memory"])]
+  first = runs[0]
+  f = jax.jit(lambda x: jax.lax.scan(
+      lambda c, i: (c, first.log(i, v=c)), x, jnp.arange(200))[0])
+  calls = 20
+  started = threading.Event()
+
+  def log_in_background():
+    for k in range(calls):
+      jax.block_until_ready(f(float(k)))
+      started.set()
+
+  thread = threading.Thread(target=log_in_background)
+  thread.start()
+  started.wait()
+  for _ in range(5):  # the notebook cell run again, mid-flight
+    runs.append(metrics.Run("race", root=tmp_path,
+                            writers=["jsonl", "memory"]))
+  thread.join()
+  hostcall.barrier()
+  kept = [r for run in runs for r in run.writers[1].records()]
+  assert len(kept) == calls * 200
+  assert sorted((r["v"], r["step"]) for r in kept) == [
+      (float(k), i) for k in range(calls) for i in range(200)]
+  # The file holds exactly what the last run was handed, uncorrupted.
+  lines = (tmp_path / "race" / "metrics.jsonl").read_text().splitlines()
+  assert [json.loads(line) for line in lines] == runs[-1].writers[1].records()
+  runs[-1].close()
+
+
+def test_a_writer_slower_than_the_device_holds_it_back_not_memory(
+    monkeypatch, tmp_path):
+  monkeypatch.setattr(metrics_impl._Writers, "MAX_PENDING_BLOCKS", 8)
+  writers = metrics_impl._writer_thread
+  release = threading.Event()
+  pending_seen = []
+
+  class Slow(metrics.Writer):
+    def write(self, block):
+      release.wait()
+      pending_seen.append(writers._pending_blocks)
+
+  run = metrics.Run("slow", root=tmp_path, writers=[Slow(), "memory"])
+  f = jax.jit(lambda: jax.lax.fori_loop(
+      0, 100, lambda i, c: (run.log(i, v=i * 1.0), c)[1], 0))
+  try:
+    f()
+    with writers._lock:  # the backlog fills up to its bound, and stays there
+      assert writers._room.wait_for(lambda: writers._pending_blocks == 8,
+                                    timeout=60)
+  finally:
+    release.set()
+  hostcall.barrier()
+  assert max(pending_seen) == 8
+  assert [r["step"] for r in run.records()] == list(range(100))
+  run.close()
+
+
+@pytest.mark.parametrize("wait", ["barrier", "flush"])
+def test_a_writer_that_waits_for_the_writers_gets_an_error_not_a_hang(
+    wait, tmp_path):
+  class Waiting(metrics.Writer):
+    def write(self, block):
+      hostcall.barrier() if wait == "barrier" else run.flush()
+
+  run = metrics.Run("waiting", root=tmp_path, writers=[Waiting(), "memory"])
+  jax.jit(lambda x: run.log(loss=x))(1.0)
+  with pytest.raises(hcb.CallbackException,
+                     match="called from inside a metrics writer"):
+    hostcall.barrier()
+  assert run.records() == [{"step": 0, "loss": 1.0}]
+  run.writers.pop(0)
+  run.close()
+
+
+def test_rows_logged_to_a_closed_run_are_reported_by_the_next_barrier(
+    tmp_path):
+  run = metrics.Run("closed", root=tmp_path)
+  log = jax.jit(lambda x: run.log(loss=x))   # compiled while open
+  log(1.0)
+  run.close()
+  for value in (2.0, 3.0):
+    log(value)
+    with pytest.raises(hcb.CallbackException,
+                       match="1 row\\(s\\) were logged to .* after it was "
+                       "closed"):
+      hostcall.barrier()
+  rows = (tmp_path / "closed" / "metrics.jsonl").read_text().splitlines()
+  assert [json.loads(r) for r in rows] == [{"step": 0, "loss": 1.0}]
+  with pytest.raises(RuntimeError, match="is closed"):
+    run.log(loss=4.0)
+
+
+def test_a_recreated_run_numbers_the_old_functions_rows_with_its_own(tmp_path):
+  old = metrics.Run("steps", root=tmp_path, writers=["memory"])
+  f = jax.jit(lambda x: old.log(loss=x))
+  f(0.0)
+  hostcall.barrier()
+  new = metrics.Run("steps", root=tmp_path, writers=["memory"])
+  g = jax.jit(lambda x: new.log(acc=x))
+  for i in range(3):
+    f(10.0 + i)
+    g(20.0 + i)
+  hostcall.barrier()
+  assert [r["step"] for r in new.records()] == [0, 1, 2, 3, 4, 5]
+  new.close()
+
+
+def test_step_may_be_given_by_keyword(tmp_path):
+  run = metrics.Run("kw", root=tmp_path, writers=["csv", "memory"])
+  jax.jit(lambda: jax.lax.scan(
+      lambda c, i: (c + 1.0, run.log(step=i, loss=c)), 1.0,
+      jnp.arange(10, 13)))()
+  hostcall.barrier()
+  assert run.records() == [{"step": 10, "loss": 1.0},
+                           {"step": 11, "loss": 2.0},
+                           {"step": 12, "loss": 3.0}]
+  run.close()
+  assert (tmp_path / "kw" / "metrics.csv").read_text().splitlines() == [
+      "step,loss", "10,1.0", "11,2.0", "12,3.0"]
+
+
+@pytest.mark.parametrize("name", ["member", "device"])
+def test_names_of_hostcalls_columns_are_refused(name, tmp_path):
+  run = metrics.Run("reserved", root=tmp_path, writers=["memory"])
+  with pytest.raises(ValueError, match=f"\\['{name}'\\] are columns hostcall "
+                     "fills itself"):
+    jax.vmap(lambda x: run.log(3, **{name: x}))(jnp.arange(3.0))
+  run.close()
+
+
+@pytest.mark.parametrize("step", [np.arange(3), jnp.zeros((2, 2), int), 1.5])
+def test_a_step_that_is_not_one_integer_is_refused(step, tmp_path):
+  run = metrics.Run("vector-step", root=tmp_path, writers=["memory"])
+  with pytest.raises(TypeError, match="step must be one integer"):
+    run.log(step, loss=1.0)
+  run.close()
+
+
+def test_a_name_utf8_cannot_carry_is_written_escaped_to_csv(tmp_path):
+  run = metrics.Run("odd", root=tmp_path, writers=["csv", "jsonl"])
+  name = "loss\udcff"
+  jax.jit(lambda: run.log(0, **{name: 1.5}))()
+  run.close()
+  assert (tmp_path / "odd" / "metrics.csv").read_text().splitlines() == [
+      "step,loss\\udcff", "0,1.5"]
+  assert metrics.read(tmp_path / "odd" / "metrics.jsonl")[name].tolist() == [
+      1.5]
