@@ -37,7 +37,10 @@ def test_demo_fits_the_model_with_a_bar_metrics_and_a_plot(tmp_path):
   assert "metrics: 12000 rows (3000 steps x 4 members) in " \
       "runs/demo/metrics.jsonl" in out
   # One live bar for the ensemble on stderr, closed at 3000/3000.
-  assert re.search(r"fit: 100%\|.*\| 3000/3000 .*lanes 4\]", proc.stderr)
+  assert re.search(r"fit \(Ctrl-C stops\): 100%\|.*\| 3000/3000 .*lanes 4\]",
+                   proc.stderr)
+  assert "Ctrl-C stops the fit at its next check" in out
+  assert "stopped early" not in out
   lines = (tmp_path / "runs/demo/metrics.jsonl").read_text().splitlines()
   assert len(lines) == 12000
   first = json.loads(lines[0])
@@ -50,6 +53,28 @@ def test_demo_options():
   proc = _hostcall("demo", "--help")
   assert proc.returncode == 0
   assert "--steps" in proc.stdout and "--root" in proc.stdout
+  assert "--time-limit" in proc.stdout
+  for bad in ("0", "-1", "inf", "soon"):
+    proc = _hostcall("demo", "--time-limit", bad)
+    assert proc.returncode == 2 and "number of seconds above 0" in proc.stderr
+
+
+def test_demo_stops_at_its_time_limit_and_reports_the_steps_done(tmp_path):
+  proc = _hostcall("demo", "--steps", "200000", "--batch", "8",
+                   "--time-limit", "0.5",
+                   cwd=tmp_path)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  found = re.search(r"stopped early \(time limit\) after (\d+) of 200000 "
+                    r"steps: the results below are those of the steps done",
+                    proc.stdout)
+  assert found, proc.stdout
+  steps = int(found.group(1))
+  assert 0 < steps < 200_000 and steps % 2_000 == 0
+  # Every row of the steps done was written, and none past them.
+  lines = (tmp_path / "runs/demo/metrics.jsonl").read_text().splitlines()
+  assert len(lines) == 4 * steps
+  assert max(json.loads(line)["step"] for line in lines) == steps - 1
+  assert f"({steps} steps x 4 members)" in proc.stdout
 
 
 def test_plot_command(tmp_path):

@@ -219,6 +219,20 @@ def test_io_callback_under_vmap_of_cond_with_unbatched_predicate_too():
   assert calls == []
 
 
+def _jax_refusal_in_checkpoint() -> str:
+  """JAX's words refusing its io callback in ``checkpoint`` under grad, for
+  a callback on a value not differentiated (whose JVP JAX does not refuse
+  first); they change between JAX releases."""
+  @jax.checkpoint
+  def f(x, y):
+    jax_io_callback(lambda v: v, F32, y)
+    return x
+
+  with pytest.raises(NotImplementedError) as refusal:
+    jax.grad(f)(1.0, 2.0)
+  return str(refusal.value)
+
+
 @pytest.mark.parametrize("returns", [False, True])
 def test_io_callback_in_checkpoint_under_grad_is_refused_like_jax(returns):
   calls = []
@@ -240,7 +254,7 @@ def test_io_callback_in_checkpoint_under_grad_is_refused_like_jax(returns):
     # hostcall runs a result-less io callback under grad (on primal values,
     # once) where JAX refuses any; under checkpoint it would run twice.
     assert ours[1] is NotImplementedError
-    assert "Effects not supported in partial-eval of `checkpoint`" in ours[2]
+    assert ours[2] == _jax_refusal_in_checkpoint()
   assert calls == []
 
 

@@ -157,11 +157,17 @@ def test_io_callback_effects_are_jaxs_own():
 ])
 def test_sharding_annotations(name, params):
   # Exercised on 4 devices by tests/multidevice; here their JAX sides.
-  from jax._src import shard_alike
   from jax._src.interpreters import mlir as private_mlir
+  from jax._src.lib import xla_client
+  from jax.extend.mlir.dialects import sdy
   assert _params(getattr(_jax_private, name)) == params
   assert callable(private_mlir.wrap_with_sharding_op)
-  assert callable(shard_alike._group_shard)
+  try:  # JAX's own sharding groups, up to JAX 0.11.1
+    from jax._src import shard_alike
+    assert callable(shard_alike._group_shard)
+  except ImportError:  # from JAX 0.11.2, hostcall's, with the same ops
+    assert callable(sdy.sharding_group)
+    assert hasattr(xla_client.OpSharding, "ShardGroupType")
 
 
 def test_batching_of_jaxprs():
@@ -233,3 +239,17 @@ def test_every_name_has_a_test_here():
   untested = sorted(n for n in names if f"_jax_private.{n}" not in source
                     and f'"{n}"' not in source)
   assert not untested, f"add a test for each of {untested}"
+
+
+def test_collective_axis_names_are_those_in_scope():
+  assert _jax_private.collective_axis_names() == ()
+  seen = []
+
+  def f(x):
+    seen.append(_jax_private.collective_axis_names())
+    return jax.lax.pmax(x, seen[-1])
+
+  out = jax.vmap(jax.vmap(f, axis_name="j"), axis_name="i")(
+      jnp.arange(6.0).reshape(2, 3))
+  assert set(seen[0]) == {"i", "j"}
+  np.testing.assert_array_equal(out, np.full((2, 3), 5.0))

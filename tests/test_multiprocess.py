@@ -76,6 +76,25 @@ def test_each_process_receives_its_local_devices_data(tmp_path):
         for i in range(12))
 
 
+def test_steered_loops_stop_in_every_process_after_the_same_check(tmp_path):
+  _run_processes(tmp_path)
+  steer = [json.loads((tmp_path / f"steer-{i}.json").read_text())
+           for i in range(2)]
+  # shard_map: process 1's host asked; process 0's devices stopped with
+  # its devices, at the same step (else the psum in the body would hang).
+  steps = {s for p in steer for s in p["shard_map"]["steps"]}
+  assert len(steps) == 1 and 300 <= steps.pop() < 100_000
+  # Each of the 4 devices holds 2 of x's 8 values; psum adds the blocks.
+  n = steer[0]["shard_map"]["steps"][0]
+  assert [c for p in steer for c in p["shard_map"]["carry"]] == \
+      [[12.0 * n, 16.0 * n]] * 4
+  # Global view: process 0's host decides for every process.
+  steps = {s for p in steer for s in p["global"]["steps"]}
+  assert len(steps) == 1 and 300 <= (n := steps.pop()) < 100_000
+  assert sorted(c for p in steer for c in p["global"]["carry"]) == \
+      [[2.0 * d * n, (2.0 * d + 1) * n] for d in range(4)]
+
+
 def test_a_failing_peer_is_reported_and_nothing_hangs(tmp_path):
   port = _free_port()
   # Only one of two processes starts: the other never joins.

@@ -22,13 +22,16 @@ Public API:
   ``while_loop`` under ``jit``, ``vmap`` and several devices.
 * ``hostcall.metrics``: metrics logged from inside ``jit`` to JSON Lines,
   CSV, TensorBoard or a DataFrame, and plotted to PNG.
+* ``hostcall.control``: stop a running compiled loop from the host (Ctrl-C,
+  a time limit, a predicate such as a loss plateau) and keep its state.
 * ``hostcall.call_context()``: inside a host function, which device and
   process called it and under which transformations.
 * ``hostcall.CallbackException``, ``hostcall.CallContext``,
   ``hostcall.fd_step``.
 """
 
-from hostcall import _jax_private, _notebook, host_callback, metrics, progress
+from hostcall import (_jax_private, _notebook, control, host_callback,
+                      metrics, progress)
 from hostcall._apps.scan import scan
 from hostcall._async.delivery import delivery, set_delivery
 from hostcall._async.queue import queue_stats, set_queue_capacity
@@ -56,6 +59,7 @@ __all__ = [
     "__version__",
     "barrier",
     "call_context",
+    "control",
     "delivery",
     "queue_stats",
     "set_delivery",

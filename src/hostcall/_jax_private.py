@@ -17,11 +17,13 @@ else:
 from __future__ import annotations
 
 import inspect
+import itertools
 
 import jax
 import numpy as np
 from jax import core as _public_core
 from jax.extend import core as _jex_core
+from jax.extend.mlir.dialects import sdy as _sdy
 from jax._src import callback as _callback
 from jax._src import config as _config
 from jax._src import core as _core
@@ -29,7 +31,6 @@ from jax._src import dispatch as _dispatch
 from jax._src import effects as _effects
 from jax._src import literals as _literals
 from jax._src import named_sharding as _named_sharding
-from jax._src import shard_alike as _shard_alike
 from jax._src import sharding_impls as _sharding_impls
 from jax._src import traceback_util as _traceback_util
 from jax._src.interpreters import batching as _batching
@@ -40,6 +41,11 @@ from jax.interpreters import ad as _ad
 from jax.interpreters import batching as _public_batching
 from jax.interpreters import mlir as _mlir
 from jax.interpreters import partial_eval as _public_pe
+
+try:  # gone from JAX 0.11.2, with ``jax.experimental.shard_alike``
+  from jax._src import shard_alike as _shard_alike
+except ImportError:
+  _shard_alike = None
 
 # --- interpreter APIs (jax.interpreters, jax.core) --------------------------
 
@@ -220,10 +226,30 @@ def replicated(ctx, value, aval):
   return _private_mlir.wrap_with_sharding_op(ctx, value, aval, sharding)
 
 
+#: Sharding group ids, where JAX has no ``shard_alike`` counting them.
+_shard_group_ids = itertools.count()
+
+
 def shard_alike(ctx, x, y, x_aval, y_aval):
   """``y``, kept in one sharding group with ``x`` (what
   ``jax.experimental.shard_alike`` lowers to), so XLA shards them alike."""
-  return _shard_alike._group_shard(ctx, x, y, x_aval, y_aval)[1]
+  if _shard_alike is not None:  # JAX's, whose group ids its own calls share
+    return _shard_alike._group_shard(ctx, x, y, x_aval, y_aval)[1]
+  # From JAX 0.11.2, the same annotations (JAX's ``_group_shard`` of 0.11.1).
+  group = next(_shard_group_ids)
+  if _config.use_shardy_partitioner.value:
+    _sdy.sharding_group(x, group)
+    _sdy.sharding_group(y, group)
+    return y
+  sharding = _xc.OpSharding()
+  sharding.type = _xc.OpSharding.Type.UNKNOWN
+  sharding.is_shard_group = True
+  sharding.shard_group_id = group
+  sharding.shard_group_type = _xc.OpSharding.ShardGroupType.AS
+  _private_mlir.wrap_with_sharding_op(ctx, x, x_aval, sharding,
+                                      has_side_effect=True)
+  return _private_mlir.wrap_with_sharding_op(ctx, y, y_aval, sharding,
+                                             has_side_effect=True)
 
 
 def split_over_devices(ctx, value, aval, num_devices: int):
@@ -311,3 +337,12 @@ def trace_of(value):
         "hostcall: JAX tracers no longer keep their trace in `_trace`; this "
         "JAX release is not supported yet (update "
         "hostcall._jax_private.trace_of).") from None
+
+
+def collective_axis_names() -> tuple:
+  """The named axes a collective may reduce over where a value is traced
+  (``shard_map``, ``pmap`` and named ``vmap`` axes; not the explicit mesh
+  axes of a global view, which name no collective)."""
+  env = _core.get_axis_env()
+  explicit = getattr(env, "explicit_mesh_axis_names", frozenset())
+  return tuple(n for n in env.axis_names() if n not in explicit)

@@ -85,3 +85,46 @@ def test_metrics_rows_carry_the_device_under_shard_map():
     by_device.setdefault(r["device"], []).append((r["step"], r["value"]))
   assert by_device == {d: [(s, 10.0 * d + s) for s in range(3)]
                        for d in range(4)}
+
+
+def _steered_loop(**options):
+  def f(x):
+    return progress.scan(lambda c, _: (c + x + 1, None), x * 0,
+                         length=100_000, every=100, file=io.StringIO(),
+                         **options)
+  return f
+
+
+def test_devices_of_one_loop_stop_after_the_same_check():
+  # A loop whose body communicates (psum) would hang if one device stopped
+  # a check before another: the devices of one invocation stop together.
+  mesh = Mesh(np.array(jax.devices()), ("d",))
+
+  def f(x):
+    def step(c, _):
+      return c + jax.lax.psum(x, "d"), None
+    out = progress.scan(step, x * 0, length=100_000, every=100,
+                        file=io.StringIO(),
+                        stop_when=lambda status: status.steps >= 1000)
+    return out.value[0], out.steps[None]  # per device
+
+  carry, steps = jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("d"),
+                                       out_specs=P("d")))(jnp.arange(4.0))
+  hostcall.barrier()
+  steps = np.asarray(steps)
+  assert len(set(steps.tolist())) == 1 and 1000 < steps[0] < 100_000
+  np.testing.assert_array_equal(carry, [6.0 * steps[0]] * 4)
+
+
+def test_pmap_and_global_view_loops_stop_too():
+  stop = dict(stop_when=lambda status: status.steps >= 500)
+  out = jax.pmap(_steered_loop(**stop))(jnp.arange(4.0)[:, None])
+  hostcall.barrier()
+  assert len(set(np.asarray(out.steps).reshape(-1).tolist())) == 1
+  mesh = Mesh(np.array(jax.devices()), ("d",))
+  x = jax.device_put(jnp.arange(8.0), NamedSharding(mesh, P("d")))
+  out = jax.jit(_steered_loop(**stop))(x)
+  hostcall.barrier()
+  assert bool(out.stopped) and 500 < int(out.steps) < 100_000
+  np.testing.assert_array_equal(out.value[0], (np.arange(8.0) + 1) *
+                                int(out.steps))

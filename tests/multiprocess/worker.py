@@ -96,6 +96,37 @@ def looped(v):
 jax.jit(jax.shard_map(looped, mesh=mesh, in_specs=P("i"),
                       out_specs=P("i")))(x)
 
+# Steered loops: a host asks to stop, the devices of every process stop
+# after the same check. In shard_map (whose body communicates), only
+# process 1's predicate asks; in a global view, only process 0's is asked.
+me = jax.process_index()
+
+
+def steered(v, asks):
+  def step(c, _):
+    return c + jax.lax.psum(v, "i") if asks == "shard_map" else c + v, None
+  out = hostcall.progress.scan(
+      step, v * 0, length=100_000, every=100, disable=True,
+      stop_when=lambda status: me == (1 if asks == "shard_map" else 0)
+      and status.steps >= 300)
+  return out.value[0], jax.numpy.broadcast_to(out.steps, v.shape)
+
+
+steer = {}
+for asks, program in [
+    ("shard_map", jax.jit(jax.shard_map(lambda v: steered(v, "shard_map"),
+                                        mesh=mesh, in_specs=P("i"),
+                                        out_specs=P("i")))),
+    ("global", jax.jit(lambda v: steered(v, "global")))]:
+  carry, steps = program(x)
+  steer[asks] = {
+      "steps": sorted({int(np.asarray(s.data).reshape(-1)[0])
+                       for s in steps.addressable_shards}),
+      "carry": [np.asarray(s.data).tolist()
+                for s in carry.addressable_shards]}
+with open(os.path.join(out_dir, f"steer-{me}.json"), "w") as f:
+  json.dump(steer, f)
+
 hostcall.barrier()
 run.close()
 bar.close()

@@ -115,6 +115,11 @@ class Bars:
     self._handles = itertools.count(1)
     self._paces: dict[int, tuple[float, int]] = {}
     self._steps: dict[tuple, int] = {}  # (site, device) -> track()'s handle
+    # An invocation's handle -> (site, index): the k-th invocation of a site
+    # on every device is one invocation, whose devices share a bar.
+    self._groups: dict[int, tuple[int, int]] = {}
+    #: Called with a handle when its invocation ends (or is ended).
+    self.end_hooks: list = []
 
   def site(self, spec: BarSpec) -> int:
     """The site number of a loop; equal specs share one (and a compilation)."""
@@ -146,6 +151,7 @@ class Bars:
           bar = None
       self._open[handle] = (bar, device, threading.get_ident(),
                             time.monotonic())
+      self._groups[handle] = (site, index)
       self._paces[handle] = (time.monotonic(), 0)
       return handle
 
@@ -221,9 +227,17 @@ class Bars:
           continue
         self._end(handle, stopped=stopped)
 
+  def group_of(self, handle: int) -> tuple[int, int] | None:
+    """``(site, index)`` of the invocation ``handle`` belongs to."""
+    with self._lock:
+      return self._groups.get(handle)
+
   def _end(self, handle: int, stopped: bool = False) -> None:
     bar, device, _, _ = self._open.pop(handle, (None, None, None, None))
     self._paces.pop(handle, None)
+    if self._groups.pop(handle, None) is not None:
+      for hook in self.end_hooks:
+        hook(handle)
     if bar is None or not bar.is_open:
       return
     bar.closed.add(device)

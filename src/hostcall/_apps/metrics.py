@@ -83,6 +83,9 @@ class _LogTarget(TapTarget):
       step = np.repeat(run._take_steps(steps or 1), lanes)
     member = (np.tile(np.arange(lanes), steps or 1) if batch_rank else None)
     device = run._device_column(context, rows)
+    if rows:
+      run._note_latest(int(step[-1]), {name: v[-1] for name, v in zip(
+          self.names, values)})
     run._put(_writers.Block(step, dict(zip(self.names, values)), member,
                             device))
 
@@ -239,6 +242,7 @@ class Run:
     # (after the run it replaces has written its last row).
     self._ready = threading.Event()
     self._parked: list = []
+    self._latest: dict[str, tuple[int, Any]] = {}
     with _runs_lock:
       replaced = [r for r in _open_runs if r._successor is None
                   and r.dir.resolve() == self.dir.resolve()]
@@ -380,7 +384,31 @@ class Run:
     """Every row logged so far as a pandas DataFrame (after a flush)."""
     return _writers.to_dataframe(self.records())
 
+  def latest(self, name: str) -> tuple[int, Any] | None:
+    """``(step, value)`` of the last row logged with metric ``name`` that
+    has reached the host, or None; never waits (for a ``stop_when``
+    predicate, say).
+
+    Example:
+      >>> import jax, hostcall
+      >>> run = hostcall.metrics.Run("doc-latest", writers=["memory"])
+      >>> _ = jax.jit(lambda: [run.log(i, loss=1.0 / (i + 1)) for i in range(3)])()
+      >>> hostcall.barrier(); run.latest("loss")
+      (2, 0.3333333...)
+    """
+    found = self._current()._latest.get(name)
+    if found is None:
+      return None
+    step, value = found
+    value = np.asarray(value)
+    return step, value.item() if value.ndim == 0 else value
+
   # Host side ---------------------------------------------------------------
+
+  def _note_latest(self, step: int, values: dict) -> None:
+    latest = self._current()._latest
+    for name, value in values.items():
+      latest[name] = (step, value)
 
   def _take_steps(self, count: int) -> np.ndarray:
     with self._lock:

@@ -29,6 +29,7 @@ from jax import lax
 
 from hostcall import _jax_private
 from hostcall._apps import bars as _bars
+from hostcall._apps import control as _control
 from hostcall._apps import scan as _scan
 from hostcall._core import CallTarget, TapTarget, bind, target
 from hostcall._flavours.checks import check_callable
@@ -82,12 +83,15 @@ class _Open(_BarQuestion):
   handle, which the loop's other events carry (the loop cannot start before
   its open, and a bar never mixes two invocations)."""
 
+  stop: Any = None  # a hostcall.control Stop: a steered loop
   bufferable = False
 
   def deliver(self, flat_args, context):
     total = int(np.asarray(flat_args[0]).reshape(-1)[0])
     handle = _bars.bars.open(self.site, context.device,
                              None if total < 0 else total, context)
+    if self.stop is not None:
+      _control.controls.open(handle, self.stop)
     lanes = tuple(size for _, size in reversed(context.batch_levels))
     return [np.full(lanes, handle, np.int32)]
 
@@ -117,6 +121,8 @@ class _Tick(_BarTap):
     running = int(np.count_nonzero(active[0])) if active else None
     _bars.bars.tick(_handle(handle), context.device, _bars.last_count(count),
                     _bars.lanes_of(context), running)
+    _control.controls.after_tick(_handle(handle), _bars.last_count(count),
+                                 context.device)
     return ()
 
 
@@ -155,8 +161,8 @@ def _lanes_probe(tree) -> jax.Array:
   """A zero-size array batched wherever ``tree`` is: it makes a tick see
   the vmap lanes without sending any data."""
   probe = jnp.zeros((0,), jnp.int8)
-  for leaf in jax.tree_util.tree_leaves(tree):
-    probe = probe + jnp.ravel(jnp.asarray(leaf))[:0].astype(jnp.int8)
+  for leaf in _control.data_leaves(tree):
+    probe = probe + jnp.ravel(leaf)[:0].astype(jnp.int8)
   return probe
 
 
@@ -213,10 +219,10 @@ _INT_AVAL = _jax_private.ShapedArray((), jnp.int32)
 # queue keeps the order in which the device sent them.
 
 
-def _open(site, total) -> tuple[jax.Array, jax.Array]:
+def _open(site, total, stop=None) -> tuple[jax.Array, jax.Array]:
   """The invocation's handle, and the loop's initial step count, which
   waits for it."""
-  (handle,) = bind([jnp.asarray(total, jnp.int32)], target=_Open(site),
+  (handle,) = bind([jnp.asarray(total, jnp.int32)], target=_Open(site, stop),
                    kind="call", result_avals=(_INT_AVAL,),
                    ordering="unordered")
   return handle, jnp.zeros_like(handle)
@@ -225,20 +231,21 @@ def _open(site, total) -> tuple[jax.Array, jax.Array]:
 def _witness(tree) -> jax.Array:
   """One number read from every leaf of ``tree`` (or an empty array when it
   holds no data), batched wherever ``tree`` is."""
-  witness = _lanes_probe(tree).astype(jnp.float32)
-  for leaf in jax.tree_util.tree_leaves(tree):
-    leaf = jnp.ravel(jnp.asarray(leaf))
-    if leaf.size:
-      part = leaf[:1]
-      part = jnp.abs(part) if jnp.iscomplexobj(part) else part
-      witness = (witness if witness.size else 0) + part.astype(jnp.float32)
-  return witness
+  value = _control.witness(tree)
+  return value if value.size else _lanes_probe(tree).astype(jnp.float32)
 
 
 def _tick(site, handle, count, results, *active):
   # Reading the chunk's results keeps the tick after the chunk's steps.
   bind([handle, count, _witness(results), *active], target=_Tick(site),
        kind="call", delivery="async", ordering="unordered")
+
+
+def _ticks(stop, tqdm_options) -> bool:
+  """Whether a loop's chunks tick: not when no bar is drawn (``disable``)
+  and no host predicate reads them."""
+  return not (tqdm_options.get("disable") is True
+              and (stop is None or stop.stop_when is None))
 
 
 def _close(site, handle, count, results):
@@ -259,7 +266,9 @@ def scan(f: Callable, init, xs=None, length: int | None = None,
          reverse: bool = False, unroll: int | bool = 1, *,
          desc: str | None = None, every: int | None = None,
          unit: str = "step", leave: bool | None = None, file=None,
-         all_processes: bool = False, **tqdm_options) -> Any:
+         all_processes: bool = False, interruptible: bool = False,
+         time_limit: float | None = None, stop_when: Callable | None = None,
+         **tqdm_options) -> Any:
   """``jax.lax.scan`` with a progress bar.
 
   Arguments:
@@ -274,10 +283,21 @@ def scan(f: Callable, init, xs=None, length: int | None = None,
       stderr or a notebook widget).
     all_processes: draw a bar in every process of a multi-process job, not
       only in process 0.
+    interruptible: the first Ctrl-C (a notebook's interrupt) stops the loop
+      at its next check and the call returns normally; a second one raises
+      ``KeyboardInterrupt`` as usual.
+    time_limit: seconds after which the loop stops at its next check.
+    stop_when: a host predicate, called after each chunk with a
+      ``hostcall.control.LoopStatus`` (and free to look at what the loop
+      logged, e.g. ``hostcall.control.plateau(run, "loss")``); True stops
+      the loop at a following check.
     **tqdm_options: further ``tqdm`` arguments (``colour``, ``ncols``...).
 
   Returns:
-    What ``jax.lax.scan`` returns.
+    What ``jax.lax.scan`` returns; with any of ``interruptible``,
+    ``time_limit`` or ``stop_when``, a ``hostcall.control.Result`` whose
+    ``value`` is that (``ys`` rows of the steps not run are zeros), with
+    ``stopped``, ``steps`` and ``reason``.
 
   One bar per call of the loop at run time, also under ``jit`` (not one per
   trace). Nested progress loops draw nested bars. Under ``vmap`` one bar
@@ -298,6 +318,7 @@ def scan(f: Callable, init, xs=None, length: int | None = None,
     True
   """
   _check_every(every)
+  stop, desc = _steered(interruptible, time_limit, stop_when, desc)
   steps = _scan.scan_length(xs, length, "hostcall.progress.scan")
   site = _bars.bars.site(_spec(desc, steps, unit, leave, file, all_processes,
                                tqdm_options))
@@ -309,21 +330,37 @@ def scan(f: Callable, init, xs=None, length: int | None = None,
       carry, y = _scan.step_output(f(carry, x))
     return (count + 1, carry), y
 
-  handle, count = _open(site, steps)
-  (count, carry), ys = _scan.scan(
+  handle, count = _open(site, steps, stop)
+  out = _scan.scan(
       body, (count, init), xs, length=length, reverse=reverse,
       unroll=unroll, every=every,
-      after_chunk=lambda state, ys: _tick(site, handle, state[0],
-                                          (state, ys)))
+      after_chunk=None if not _ticks(stop, tqdm_options) else
+      lambda state, ys: _tick(site, handle, state[0], (state, ys)),
+      check=None if stop is None else
+      lambda state, index: _control.check(handle, index, after=state))
+  (count, carry), ys = out[:2]
   _close(site, handle, count, (carry, ys))
-  return carry, ys
+  if stop is None:
+    return carry, ys
+  return _control.Result((carry, ys), out[2] != 0, count, out[2])
+
+
+def _steered(interruptible, time_limit, stop_when, desc):
+  """The loop's ``Stop`` (None: not steered), and its bar's label."""
+  stop = _control.Stop.of(interruptible, time_limit, stop_when)
+  if stop is not None and stop.interruptible:
+    _control.controls.install_python_handler()
+    desc = f"{desc} (Ctrl-C stops)" if desc else "Ctrl-C stops"
+  return stop, desc
 
 
 def fori_loop(lower, upper, body_fun: Callable, init_val, *,
               unroll: int | bool | None = None, desc: str | None = None,
               every: int | None = None, unit: str = "step",
               leave: bool | None = None, file=None,
-              all_processes: bool = False, **tqdm_options) -> Any:
+              all_processes: bool = False, interruptible: bool = False,
+              time_limit: float | None = None,
+              stop_when: Callable | None = None, **tqdm_options) -> Any:
   """``jax.lax.fori_loop`` with a progress bar.
 
   Arguments and bar options as for ``hostcall.progress.scan``; with bounds
@@ -342,7 +379,9 @@ def fori_loop(lower, upper, body_fun: Callable, init_val, *,
     True
   """
   options = dict(desc=desc, every=every, unit=unit, leave=leave, file=file,
-                 all_processes=all_processes, **tqdm_options)
+                 all_processes=all_processes, interruptible=interruptible,
+                 time_limit=time_limit, stop_when=stop_when, **tqdm_options)
+  steered = _control.Stop.of(interruptible, time_limit, stop_when) is not None
   try:
     lo, hi = int(lower), int(upper)
   except (TypeError, jax.errors.ConcretizationTypeError):
@@ -351,10 +390,12 @@ def fori_loop(lower, upper, body_fun: Callable, init_val, *,
     def step(state, _):
       i, carry = state
       return (i + 1, body_fun(i, carry)), None
-    (_, carry), _ = scan(step, (jnp.asarray(lo, jnp.result_type(lower)),
-                                init_val), length=max(hi - lo, 0),
-                         unroll=1 if unroll is None else unroll, **options)
-    return carry
+    out = scan(step, (jnp.asarray(lo, jnp.result_type(lower)), init_val),
+               length=max(hi - lo, 0), unroll=1 if unroll is None else unroll,
+               **options)
+    if steered:
+      return out._replace(value=out.value[0][1])
+    return out[0][1]
 
   def cond(state):
     return state[0] < upper
@@ -365,13 +406,18 @@ def fori_loop(lower, upper, body_fun: Callable, init_val, *,
 
   index = jnp.asarray(lower, jnp.result_type(lower, upper))
   total = jnp.maximum(jnp.asarray(upper) - index, 0)
-  return _while(cond, body, (index, init_val), total, **options)[1]
+  out = _while(cond, body, (index, init_val), total, **options)
+  if steered:
+    return out._replace(value=out.value[1])
+  return out[1]
 
 
 def while_loop(cond_fun: Callable, body_fun: Callable, init_val, *,
                desc: str | None = None, every: int | None = None,
                unit: str = "step", leave: bool | None = None, file=None,
-               all_processes: bool = False, **tqdm_options) -> Any:
+               all_processes: bool = False, interruptible: bool = False,
+               time_limit: float | None = None,
+               stop_when: Callable | None = None, **tqdm_options) -> Any:
   """``jax.lax.while_loop`` with a progress bar: a counter with its rate.
 
   Arguments and bar options as for ``hostcall.progress.scan``, except
@@ -395,18 +441,21 @@ def while_loop(cond_fun: Callable, body_fun: Callable, init_val, *,
   """
   return _while(cond_fun, body_fun, init_val, -1, desc=desc, every=every,
                 unit=unit, leave=leave, file=file,
-                all_processes=all_processes, **tqdm_options)
+                all_processes=all_processes, interruptible=interruptible,
+                time_limit=time_limit, stop_when=stop_when, **tqdm_options)
 
 
 def _while(cond_fun, body_fun, init_val, total, *, desc, every, unit, leave,
-           file, all_processes, **tqdm_options):
+           file, all_processes, interruptible=False, time_limit=None,
+           stop_when=None, **tqdm_options):
   _check_every(every)
+  stop, desc = _steered(interruptible, time_limit, stop_when, desc)
   site = _bars.bars.site(_spec(desc, None, unit, leave, file, all_processes,
                                tqdm_options))
   pace = _Pace(site)
 
   def chunk(state):
-    count, carry = state
+    count, carry, checks, reason = state
     if every is None:
       (steps,) = bind([handle], target=pace, kind="call",
                       result_avals=(_INT_AVAL,), ordering="unordered")
@@ -424,14 +473,21 @@ def _while(cond_fun, body_fun, init_val, total, *, desc, every, unit, leave,
 
     _, count, carry = lax.while_loop(inner_cond, inner_body,
                                      (jnp.int32(0), count, carry))
-    _tick(site, handle, count, carry, cond_fun(carry))
-    return count, carry
+    if _ticks(stop, tqdm_options):
+      _tick(site, handle, count, carry, cond_fun(carry))
+    if stop is not None:
+      checks = checks + 1
+      reason = _control.check(handle, checks, after=(count, carry))
+    return count, carry, checks, reason
 
-  handle, count = _open(site, total)
-  count, carry = lax.while_loop(lambda state: cond_fun(state[1]), chunk,
-                                (count, init_val))
+  handle, count = _open(site, total, stop)
+  count, carry, _, reason = lax.while_loop(
+      lambda state: cond_fun(state[1]) & (state[3] == 0), chunk,
+      (count, init_val, jnp.int32(0), jnp.int32(0)))
   _close(site, handle, count, carry)
-  return carry
+  if stop is None:
+    return carry
+  return _control.Result(carry, reason != 0, count, reason)
 
 
 def track(body: Callable | None = None, *, total: int | None = None,

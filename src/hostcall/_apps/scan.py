@@ -157,7 +157,8 @@ def scan_length(xs, length: int | None, who: str) -> int:
 
 def scan(f: Callable, init, xs=None, length: int | None = None,
          reverse: bool = False, unroll: int | bool = 1, *,
-         every: int = 64, after_chunk: Callable | None = None) -> Any:
+         every: int = 64, after_chunk: Callable | None = None,
+         check: Callable | None = None) -> Any:
   """``lax.scan`` whose taps reach the host ``every`` steps at a time.
 
   Arguments:
@@ -166,9 +167,14 @@ def scan(f: Callable, init, xs=None, length: int | None = None,
       The device holds ``every`` times one step's tap payload.
     after_chunk: hostcall's applications' hook: called (traced) as
       ``after_chunk(carry, ys_of_chunk)`` after each chunk's flush.
+    check: steered loops' hook (``hostcall.control``): called (traced) as
+      ``check(carry, index)`` after each chunk (``index`` counts chunks from
+      1); a non-zero result skips the chunks left (their ``ys`` rows stay
+      zeros) and is returned as a third result.
 
   Returns:
-    What ``jax.lax.scan`` returns.
+    What ``jax.lax.scan`` returns (and, with ``check``, the reason the loop
+    stopped, 0 if it did not).
 
   Taps bound directly in ``f`` (``id_tap``, ``id_print``, result-less
   ``io_callback``/``debug_callback``) are buffered; taps under a
@@ -193,12 +199,13 @@ def scan(f: Callable, init, xs=None, length: int | None = None,
     raise ValueError(f"every must be a positive int, got {every!r}")
   steps = scan_length(xs, length, "hostcall.scan")
   if steps == 0:  # no step, no tap: lax.scan gives the empty outputs
-    return lax.scan(f, init, xs, length=0)
+    out = lax.scan(f, init, xs, length=0)
+    return out if check is None else (*out, jnp.int32(0))
   if reverse:
     flip = lambda t: jax.tree_util.tree_map(lambda a: jnp.flip(a, 0), t)
-    carry, ys = scan(f, init, flip(xs), length=length, unroll=unroll,
-                     every=every, after_chunk=after_chunk)
-    return carry, flip(ys)
+    out = scan(f, init, flip(xs), length=length, unroll=unroll, every=every,
+               after_chunk=after_chunk, check=check)
+    return (out[0], flip(out[1]), *out[2:])
 
   flushes = []
 
@@ -219,6 +226,10 @@ def scan(f: Callable, init, xs=None, length: int | None = None,
       after_chunk(carry, ys)
     return carry, ys
 
+  if check is not None:
+    run = _stoppable(run, check)
+    init = (init, jnp.int32(0), jnp.int32(0))  # carry, checks, reason
+
   full, rest = divmod(steps, every)
   split = lambda t, lo, hi: jax.tree_util.tree_map(lambda a: a[lo:hi], t)
   carry, ys_parts = init, []
@@ -235,4 +246,32 @@ def scan(f: Callable, init, xs=None, length: int | None = None,
     ys_parts.append(ys)
   ys = jax.tree_util.tree_map(lambda *p: jnp.concatenate(p), *ys_parts) \
       if len(ys_parts) > 1 else ys_parts[0]
+  if check is not None:
+    (carry, _, reason) = carry
+    return carry, ys, reason
   return carry, ys
+
+
+def _stoppable(run: Callable, check: Callable) -> Callable:
+  """``run`` (one chunk) skipped once ``check`` asked to stop: the carry
+  passes unchanged and the chunk's ``ys`` are zeros."""
+  def guarded(state, xs_part, n):
+    carry, checks, reason = state
+
+    def go(operands):
+      carry, xs_part = operands
+      carry, ys = run(carry, xs_part, n)
+      return carry, ys, check(carry, checks + 1)
+
+    shapes = jax.eval_shape(lambda operands: go(operands)[1],
+                            (carry, xs_part))
+
+    def skip(operands):
+      zeros = jax.tree_util.tree_map(
+          lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+      return operands[0], zeros, reason
+
+    carry, ys, reason = lax.cond(reason == 0, go, skip, (carry, xs_part))
+    return (carry, checks + 1, reason), ys
+
+  return guarded

@@ -231,7 +231,35 @@ void hostcall_push_host(int64_t site, int64_t key, int64_t nbytes) {
   Insert(item);
 }
 
-// Frees delivered items and the room they held (one lock for all).
+// Gives back the room delivered items held (one lock for all); their data
+// stays until hostcall_free (a host function's arrays may be views on it).
+void hostcall_uncount_many(void** handles, int64_t n) {
+  Queue& q = queue();
+  bool wake = false;
+  {
+    std::lock_guard<std::mutex> lock(q.mu);
+    for (int64_t i = 0; i < n; ++i) {
+      Item* item = static_cast<Item*>(handles[i]);
+      q.bytes -= item->accounted;
+      item->accounted = 0;
+    }
+    wake = q.producers_waiting > 0;
+  }
+  if (wake) q.not_full.notify_all();
+}
+
+// Frees an item whose room was given back, keeping its block for reuse.
+void hostcall_free(void* handle) {
+  Queue& q = queue();
+  Item* item = static_cast<Item*>(handle);
+  {
+    std::lock_guard<std::mutex> lock(q.mu);
+    KeepBlock(q, std::move(item->data));
+  }
+  delete item;
+}
+
+// Gives back the room of delivered items and frees them (one lock for all).
 void hostcall_release_many(void** handles, int64_t n) {
   Queue& q = queue();
   bool wake = false;

@@ -31,7 +31,10 @@ import warnings
 import jax
 import jaxlib
 
-SOURCE = pathlib.Path(__file__).with_name("hostcall_queue.cc")
+#: The library's sources: the tap queue, and the stop checks of steered
+#: loops (``hostcall.control``).
+SOURCES = tuple(pathlib.Path(__file__).with_name(name) for name in (
+    "hostcall_queue.cc", "hostcall_control.cc"))
 _lock = threading.Lock()
 _lib = None
 _error: str | None = None
@@ -50,7 +53,8 @@ def cache_dir() -> pathlib.Path:
 
 
 def library_path() -> pathlib.Path:
-  digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
+  digest = hashlib.sha256(b"".join(
+      source.read_bytes() for source in SOURCES)).hexdigest()[:16]
   return cache_dir() / f"hostcall_queue-{jaxlib.__version__}-{digest}.so"
 
 
@@ -86,7 +90,7 @@ def _build(target: pathlib.Path) -> None:
   with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
     out = pathlib.Path(tmp) / target.name
     cmd = [cxx, "-std=c++17", "-O2", "-fPIC", "-shared", "-w",
-           f"-I{jax.ffi.include_dir()}", str(SOURCE), "-o", str(out)]
+           f"-I{jax.ffi.include_dir()}", *map(str, SOURCES), "-o", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     if proc.returncode != 0:
       raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-2000:]}")
@@ -141,12 +145,22 @@ def _declare(lib) -> None:
   signatures = {
       "hostcall_pop": ([i64, i64, ctypes.POINTER(vp)], i64),
       "hostcall_release_many": ([ctypes.POINTER(vp), i64], None),
+      "hostcall_uncount_many": ([ctypes.POINTER(vp), i64], None),
+      "hostcall_free": ([vp], None),
       "hostcall_describe": ([vp, p64], None),
       "hostcall_push_host": ([i64, i64, i64], None),
       "hostcall_become_consumer": ([], None),
       "hostcall_set_bypass": ([i64], None),
       "hostcall_set_capacity": ([i64], None),
       "hostcall_stats": ([p64], None),
+      "hostcall_control_open": ([i64, i64, i64, i64, i64], None),
+      "hostcall_control_evaluated": ([i64], None),
+      "hostcall_control_request": ([i64, i64], None),
+      "hostcall_control_close": ([i64], None),
+      "hostcall_control_poll": ([i64, i64], i64),
+      "hostcall_control_install_sigint": ([], i64),
+      "hostcall_control_interrupts": ([], i64),
+      "hostcall_control_predicates_open": ([], i64),
   }
   for name, (args, res) in signatures.items():
     fn = getattr(lib, name)
@@ -164,7 +178,8 @@ def load():
       return None
     try:
       lib = _load_or_build()
-      for name in ("hostcall_enqueue", "hostcall_enqueue_ordered"):
+      for name in ("hostcall_enqueue", "hostcall_enqueue_ordered",
+                   "hostcall_control_check"):
         jax.ffi.register_ffi_target(
             name, jax.ffi.pycapsule(getattr(lib, name)), platform="cpu")
       _lib = lib

@@ -229,12 +229,18 @@ class _NativeQueue:
     if not n:
       return []
     handles, desc, items = self._handles, self._describe, []
+    kept = []  # large items, handed over as views: freed when they die
     try:
       for i in range(n):
         lib.held.hostcall_describe(handles[i], desc)
         site, key, address, size = desc[0], desc[1], desc[2], desc[3]
         if key:
           items.append((site, self._held.pop(key, None), None))
+          continue
+        if size >= ZERO_COPY_BYTES:
+          kept.append(i)
+          items.append((site, None, _Block.view(lib, handles[i], address,
+                                                size)))
           continue
         try:
           raw = ctypes.string_at(address, size) if size else b""
@@ -244,12 +250,16 @@ class _NativeQueue:
           raw = _Unreadable(size, exc)
         items.append((site, None, raw))
     finally:
-      # Every popped item is released (its bytes no longer count against
-      # the capacity), whatever happened while reading it.
-      lib.held.hostcall_release_many(handles, n)
-    if n < self.BATCH:
+      # Every popped item gives back its room in the queue, whatever
+      # happened while reading it; copied ones are freed now.
+      lib.held.hostcall_uncount_many(handles, n)
+      for i in range(n):
+        if i not in kept:
+          lib.held.hostcall_free(handles[i])
+    if n < self.BATCH and not lib.held.hostcall_control_predicates_open():
       # Let taps gather before the next trip: the device thread then rarely
-      # has to wake this one.
+      # has to wake this one. Not while a steered loop's check may be
+      # waiting for its predicate to see a tick.
       time.sleep(2e-4)
     return items
 
@@ -259,6 +269,31 @@ class _NativeQueue:
     return {"pushed": out[0], "queued": out[1], "queued_bytes": out[2],
             "capacity": out[3], "producer_waits": out[4],
             "producers_waiting": out[5]}
+
+
+#: Items at least this large reach the host function without a copy: its
+#: arrays are views on the queue's block, freed when the last one dies.
+ZERO_COPY_BYTES = 64 << 10
+
+
+class _Block:
+  """Owns a queue block that arrays view; frees it when garbage."""
+
+  __slots__ = ("lib", "handle")
+
+  @classmethod
+  def view(cls, lib, handle, address: int, size: int):
+    owner = cls()
+    owner.lib, owner.handle = lib, handle
+    buffer = (ctypes.c_char * size).from_address(address)
+    buffer._owner = owner  # the views keep the buffer, the buffer the block
+    return buffer
+
+  def __del__(self):
+    try:
+      self.lib.held.hostcall_free(self.handle)
+    except Exception:  # noqa: BLE001 - at interpreter exit: nothing to free
+      pass
 
 
 class _Unreadable:

@@ -16,3 +16,16 @@ def positive_int(text: str) -> int:
     raise argparse.ArgumentTypeError(
         f"expected a whole number of at least 1, got {value}")
   return value
+
+
+def positive_float(text: str) -> float:
+  """A finite number above 0, or argparse's usage error naming what came."""
+  try:
+    value = float(text)
+  except ValueError:
+    raise argparse.ArgumentTypeError(
+        f"expected a number of seconds above 0, got {text!r}") from None
+  if not 0 < value < float("inf"):
+    raise argparse.ArgumentTypeError(
+        f"expected a number of seconds above 0, got {text}")
+  return value

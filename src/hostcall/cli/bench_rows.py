@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import json
 import statistics
 import tempfile
 import threading
@@ -328,11 +329,82 @@ def metrics_rows(b: Bench) -> list[dict]:
   return rows
 
 
+def peers(b: Bench) -> list[dict]:
+  """8. What users pick instead, measured in the same run: jax-tqdm's bar
+  (against ``progress.scan``) and a JAX ``io_callback`` writing JSON Lines
+  each step (against ``hostcall.metrics`` in ``hostcall.scan``)."""
+  repeats = 3 * b.repeats
+  rows = []
+  try:
+    from jax_tqdm import scan_tqdm
+  except ImportError:
+    rows.append(_row("8. peer: jax-tqdm scan_tqdm", None, None, None,
+                     "not installed: pip install 'hostcall[bench]'"))
+  else:
+    def peer_step(carry, i):
+      return _matmul_step(carry), None
+    bar = scan_tqdm(b.steps, print_rate=max(1, b.steps // 100),
+                    file=io.StringIO())(peer_step)
+    fn = jax.jit(lambda x: jax.lax.scan(bar, x, jnp.arange(b.steps))[0])
+    rows.append(_row("8. peer: jax-tqdm scan_tqdm (a tick every 1%)",
+                     *b.paired(fn, repeats=repeats), None,
+                     "compare: 7. progress bar"))
+  with tempfile.TemporaryDirectory() as root:
+    out = open(f"{root}/peer.jsonl", "w")
+
+    def write_row(i, value, norm):
+      out.write(json.dumps({"step": int(i), "value": float(value),
+                            "norm": float(norm)}) + "\n")
+
+    def logged_step(state, _):
+      i, carry = state
+      carry = _matmul_step(carry)
+      io_callback(write_row, None, i, carry[0, 0], carry[0, 1], ordered=True)
+      return (i + 1, carry), None
+
+    fn = jax.jit(lambda x: jax.lax.scan(logged_step, (0, x), None,
+                                        length=b.steps)[0][1])
+    rows.append(_row("8. peer: JAX io_callback writing JSON Lines each step",
+                     *b.paired(fn, repeats=repeats), None,
+                     "compare: 7. per-step metrics"))
+    out.close()
+  return rows
+
+
+def steered_loops(b: Bench) -> list[dict]:
+  """9. Loops the host can stop (``hostcall.control``): a check every 1%
+  of the loop, against the plain scan."""
+  repeats = 3 * b.repeats
+
+  def step(carry, _):
+    return _matmul_step(carry), None
+
+  def steered(**options):
+    return jax.jit(lambda x: hostcall.progress.scan(
+        step, x, None, length=b.steps, every=max(1, b.steps // 100),
+        **options).value[0])
+
+  return [
+      _row("9. interruptible loop, no bar (Ctrl-C, time limit)",
+           *b.paired(steered(disable=True, interruptible=True,
+                             time_limit=3600.0), repeats=repeats), 1.05,
+           "a check every 1% of the loop"),
+      _row("9. ... with a progress bar",
+           *b.paired(steered(file=io.StringIO(), interruptible=True,
+                             time_limit=3600.0), repeats=repeats), 1.1,
+           "compare: 7. progress bar"),
+      _row("9. ... stopped by a host predicate (stop_when)",
+           *b.paired(steered(disable=True, stop_when=lambda status: False),
+                     repeats=repeats), 1.1,
+           "the predicate runs after each tick"),
+  ]
+
+
 #: Every row, in the order printed.
 ROWS = (plain_scan, jax_references, default_tap, ordered_vs_unordered,
         loop_buffered, async_device_side, async_dispatch, async_slow_host,
         one_tap_per_call, big_async_tap, busy_main_thread, progress_bar,
-        metrics_rows)
+        metrics_rows, peers, steered_loops)
 
 
 def measure(steps: int, repeats: int) -> list[dict]:

@@ -21,8 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import hostcall
-from hostcall import metrics, progress
-from hostcall.cli.arguments import positive_int
+from hostcall import control, metrics, progress
+from hostcall.cli.arguments import positive_float, positive_int
 
 TRUE = {"amplitude": 2.0, "wavenumber": 3.0, "offset": 0.5}
 START_WAVENUMBERS = (0.8, 2.2, 5.5, 8.5)
@@ -75,8 +75,10 @@ def make_data(points: int = 2048, noise: float = 0.05, seed: int = 0):
 
 
 def fit(start_wavenumber, r, y, batches, run: metrics.Run, *,
-        learning_rate: float = 0.02):
-  """Adam on minibatches, one jitted scan; logs every step."""
+        learning_rate: float = 0.02, time_limit: float | None = None):
+  """Adam on minibatches, one jitted scan; logs every step. Ctrl-C or the
+  time limit stops it early: returns the parameters reached, the loss and
+  the steps done."""
   params = {"amplitude": jnp.float32(1.0), "offset": jnp.float32(0.0),
             "wavenumber": start_wavenumber}
   zeros = jax.tree_util.tree_map(jnp.zeros_like, params)
@@ -98,10 +100,11 @@ def fit(start_wavenumber, r, y, batches, run: metrics.Run, *,
     run.log(i, loss=loss, grad_norm=grad_norm, learning_rate=rate, **params)
     return (t, params, m, v), loss
 
-  (_, params, _, _), _ = progress.scan(
+  out = progress.scan(
       step, (jnp.int32(0), params, zeros, zeros), batches, desc="fit",
-      unit="step")
-  return params, loss_fn(params, r, y)
+      unit="step", interruptible=True, time_limit=time_limit)
+  (_, params, _, _), _ = out.value
+  return params, loss_fn(params, r, y), out.steps, out.reason
 
 
 HELP = ("fit a model that calls SciPy inside one jitted scan, with a "
@@ -113,6 +116,10 @@ def add_arguments(parser) -> None:
                       help="Adam steps of each fit (default: 3000)")
   parser.add_argument("--batch", type=positive_int, default=128,
                       help="points in each step's minibatch (default: 128)")
+  parser.add_argument("--time-limit", type=positive_float, default=600.0,
+                      metavar="SECONDS",
+                      help="stop the fit early after this long, keeping what "
+                      "it reached; Ctrl-C stops it too (default: 600)")
   parser.add_argument("--root", default="runs",
                       help="directory of runs; metrics go to <root>/demo "
                       "(default: runs)")
@@ -139,17 +146,26 @@ def run(args) -> int:
         f"{len(r)} points")
   print(f"  {len(starts)} fits under vmap, {args.steps} Adam steps each, in "
         f"one jitted hostcall.progress.scan on {jax.devices()[0]}")
+  print(f"  Ctrl-C stops the fit at its next check and keeps what it "
+        f"reached (so does a budget of {args.time_limit:g} s)")
 
   run_ = metrics.Run("demo", root=args.root, writers=["jsonl"])
   fit_all = jax.jit(jax.vmap(
-      lambda k: fit(k, r, y, batches, run_)))
+      lambda k: fit(k, r, y, batches, run_, time_limit=args.time_limit)))
   began = time.perf_counter()
-  params, final_loss = fit_all(starts)
+  params, final_loss, steps, reason = fit_all(starts)
   final_loss.block_until_ready()
+  # vmap's lanes stop together: every member ran the same steps.
+  steps = int(np.asarray(steps).reshape(-1)[0])
+  stopped = control.reason_name(reason)
   elapsed = time.perf_counter() - began
   run_.close()  # waits for the last rows and writes them
   rows = run_.records()
-  _summary(args, starts, params, final_loss, elapsed, rows, run_)
+  if stopped:
+    print(f"\nstopped early ({stopped.replace('_', ' ')}) after {steps} of "
+          f"{args.steps} steps: the results below are those of the steps "
+          f"done")
+  _summary(args, starts, params, final_loss, elapsed, steps, rows, run_)
   # The summary is printed first: a plot that cannot be drawn never costs it.
   if not draw:
     print("plot:    skipped: matplotlib is not installed "
@@ -162,9 +178,10 @@ def run(args) -> int:
   return 0
 
 
-def _summary(args, starts, params, final_loss, elapsed, rows, run_) -> None:
+def _summary(args, starts, params, final_loss, elapsed, steps, rows,
+             run_) -> None:
   print(f"\nfinished in {elapsed:.1f} s (compile included): "
-        f"{args.steps * len(starts) / elapsed:,.0f} member-steps/s")
+        f"{steps * len(starts) / elapsed:,.0f} member-steps/s")
   print("\n  member  start k  final k  amplitude  offset  full-data loss")
   for member in range(len(starts)):
     print(f"  {member:>6}  {float(starts[member]):7.2f}  "
@@ -184,5 +201,5 @@ def _summary(args, starts, params, final_loss, elapsed, rows, run_) -> None:
   for m in sorted(set(range(len(starts))) - set(found)):
     print(f"member {m} stopped in a local minimum at k = "
           f"{float(params['wavenumber'][m]):.3f}")
-  print(f"metrics: {len(rows)} rows ({args.steps} steps x {len(starts)} "
+  print(f"metrics: {len(rows)} rows ({steps} steps x {len(starts)} "
         f"members) in {run_.dir / 'metrics.jsonl'}")

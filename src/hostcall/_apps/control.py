@@ -1,0 +1,446 @@
+"""Steering compiled loops from the host: stop at the next check, keep the
+state so far.
+
+A steered loop (``hostcall.progress.scan`` / ``fori_loop`` / ``while_loop``
+with ``interruptible=``, ``time_limit=`` or ``stop_when=``, or
+``hostcall.control.while_loop``) runs in chunks of steps, as the progress
+loops do, and after each chunk asks "stop now?" (``check``). The answer
+comes from host state in about a microsecond (the native library's
+``hostcall_control_check``; a Python callback where it cannot serve), so
+the device waits for no Python: the host sets that state when Ctrl-C
+arrives, when the time limit passes (checked against the clock), or when a
+predicate run after each chunk's tick says so. The loop then skips what is
+left and returns its state with how many steps it ran and why it stopped.
+
+Every device running one invocation stops after the same check (see
+``hostcall_control.cc``); under ``vmap`` every lane stops with the others.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import signal
+import threading
+import time
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.extend import core as jex_core
+
+from hostcall import _jax_private
+from hostcall._apps import bars as _bars
+from hostcall._async import native
+from hostcall._core import errors
+from hostcall._core.targets import hash_key
+
+logger = logging.getLogger("hostcall")
+
+# Why a loop stopped early (``Result.reason``); 0: it ran to its end.
+#: ``Result.reason`` of a loop stopped by Ctrl-C (``interruptible=True``).
+INTERRUPTED = 1
+#: ``Result.reason`` of a loop stopped by its ``time_limit=``.
+TIME_LIMIT = 2
+#: ``Result.reason`` of a loop stopped by its ``stop_when=`` predicate.
+STOP_WHEN = 3
+# How long a check waits for the predicate before going on undecided.
+_PREDICATE_WAIT = 60.0
+
+_REASON_NAMES = {0: None, INTERRUPTED: "interrupted", TIME_LIMIT: "time_limit",
+                 STOP_WHEN: "stop_when"}
+
+
+def reason_name(reason) -> str | None:
+  """``"interrupted"``, ``"time_limit"``, ``"stop_when"``, or None (the loop
+  ran to its end) for a ``Result.reason``."""
+  return _REASON_NAMES[int(np.asarray(reason).reshape(-1)[0])]
+
+
+class Result(NamedTuple):
+  """What a steered loop returns.
+
+  Attributes:
+    value: what the plain loop returns (for ``scan``, ``(carry, ys)``; the
+      rows of ``ys`` past ``steps`` are zeros).
+    stopped: whether it stopped early (a bool array).
+    steps: how many steps it ran (an int32 array).
+    reason: why it stopped: 0 (it did not), ``INTERRUPTED``,
+      ``TIME_LIMIT`` or ``STOP_WHEN``; ``reason_name`` spells it.
+  """
+
+  value: Any
+  stopped: Any
+  steps: Any
+  reason: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopStatus:
+  """What ``stop_when`` is told after each chunk of a steered loop.
+
+  Attributes:
+    steps: the steps the loop has run (on the device that ticked).
+    elapsed: seconds since the loop started.
+    device: the device that ticked.
+  """
+
+  steps: int
+  elapsed: float
+  device: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Stop:
+  """When a steered loop stops early (hashable: part of the call site)."""
+
+  interruptible: bool = False
+  time_limit: float | None = None
+  stop_when: Callable | None = dataclasses.field(default=None, compare=False)
+  stop_when_key: Any = dataclasses.field(init=False, default=None)
+
+  def __post_init__(self):
+    object.__setattr__(self, "stop_when_key", None if self.stop_when is None
+                       else hash_key(self.stop_when))
+
+  @classmethod
+  def of(cls, interruptible, time_limit, stop_when) -> "Stop | None":
+    """The spec of these options, checked; None when none is set."""
+    if not isinstance(interruptible, bool):
+      raise TypeError(f"interruptible must be True or False, got "
+                      f"{interruptible!r}")
+    if time_limit is not None:
+      if (isinstance(time_limit, bool) or not isinstance(
+          time_limit, (int, float)) or not time_limit > 0):
+        raise ValueError(f"time_limit is a number of seconds > 0, got "
+                         f"{time_limit!r}")
+    if stop_when is not None and not callable(stop_when):
+      raise TypeError(
+          f"stop_when must be a function of a hostcall.control.LoopStatus "
+          f"returning a bool, got {stop_when!r}")
+    if not interruptible and time_limit is None and stop_when is None:
+      return None
+    return cls(interruptible, None if time_limit is None
+               else float(time_limit), stop_when)
+
+
+class _PythonGroup:
+  """An invocation's stop state, where the native library is missing (the
+  same rules as ``hostcall_control.cc``)."""
+
+  def __init__(self, stop: Stop, interrupts: int):
+    self.deadline = (None if stop.time_limit is None
+                     else time.monotonic() + stop.time_limit)
+    self.interruptible = stop.interruptible
+    self.predicate = stop.stop_when is not None
+    self.interrupts_at_open = interrupts
+    self.requested = self.reason = 0
+    self.stop_at = -1
+    self.last_check = 0
+    self.handles = 0
+
+
+class _Controls:
+  """The host side of every steered loop of the process."""
+
+  def __init__(self):
+    self._lock = threading.Lock()
+    self._changed = threading.Condition(self._lock)
+    self._evaluated: dict[int, int] = {}    # handle -> ticks seen (Python)
+    self._groups: dict[tuple, int] = {}     # (site, index) -> group id
+    self._open: dict[int, tuple] = {}       # handle -> (group, stop, opened)
+    self._python: dict[int, _PythonGroup] = {}
+    self._python_group_of: dict[int, int] = {}
+    self._interrupts = 0                    # the Python handler's count
+    self._first_taken = False
+    self._previous_handler = None
+
+  # -- opening and closing -------------------------------------------------
+
+  def open(self, handle: int, stop: Stop) -> None:
+    group_key = _bars.bars.group_of(handle)
+    with self._lock:
+      group = self._groups.setdefault(group_key, len(self._groups) + 1)
+    lib = native.load()
+    if lib is not None:
+      if stop.interruptible:
+        lib.held.hostcall_control_install_sigint()
+      lib.held.hostcall_control_open(
+          handle, group, -1 if stop.time_limit is None
+          else int(stop.time_limit * 1e6), int(stop.interruptible),
+          int(stop.stop_when is not None))
+    # Started after the native clock: a predicate never sees more time
+    # elapsed than the check that compares it with the time limit.
+    with self._lock:
+      self._open[handle] = (group, stop, time.monotonic())
+    if lib is not None:
+      return
+    with self._lock:
+      state = self._python.get(group)
+      if state is None:
+        state = self._python[group] = _PythonGroup(stop, self._interrupts)
+        if stop.interruptible and not self._interruptible_open():
+          self._first_taken = False
+      state.handles += 1
+      self._python_group_of[handle] = group
+      self._evaluated[handle] = 0
+
+  def close(self, handle: int) -> None:
+    with self._lock:
+      if self._open.pop(handle, None) is None:
+        return
+      self._evaluated.pop(handle, None)
+      self._changed.notify_all()
+      group = self._python_group_of.pop(handle, None)
+      if group is not None:
+        state = self._python[group]
+        state.handles -= 1
+        if not state.handles:
+          del self._python[group]
+    lib = native.load()
+    if lib is not None:
+      lib.held.hostcall_control_close(handle)
+
+  def _interruptible_open(self) -> bool:
+    return any(s.interruptible for s in self._python.values())
+
+  # -- the host's decisions ------------------------------------------------
+
+  def after_tick(self, handle: int, steps: int, device) -> None:
+    """Runs the invocation's ``stop_when`` (from the delivery thread, after
+    the chunk's tick and the rows it logged)."""
+    with self._lock:
+      found = self._open.get(handle)
+    if found is None or found[1].stop_when is None:
+      return
+    group, stop, opened = found
+    status = LoopStatus(steps, time.monotonic() - opened, device)
+    try:
+      decided = bool(stop.stop_when(status))
+    except BaseException as exc:  # noqa: BLE001 - reported, and the loop stops
+      errors.postpone(exc, f"stop_when {stop.stop_when!r}")
+      decided = True
+    if decided:
+      self.request(group, STOP_WHEN)
+    # Then the check waiting for this tick may answer.
+    lib = native.load()
+    if lib is not None:
+      lib.held.hostcall_control_evaluated(handle)
+      return
+    with self._lock:
+      if handle in self._evaluated:
+        self._evaluated[handle] += 1
+      self._changed.notify_all()
+
+  def request(self, group: int, reason: int) -> None:
+    lib = native.load()
+    if lib is not None:
+      lib.held.hostcall_control_request(group, reason)
+      return
+    with self._lock:
+      state = self._python.get(group)
+      if state is not None and not state.requested:
+        state.requested = reason
+      self._changed.notify_all()
+
+  def poll(self, handle: int, check: int) -> int:
+    """The check, where the native library cannot serve it."""
+    lib = native.load()
+    if lib is not None:
+      # Through the library that releases the GIL: the check may wait for
+      # the delivery thread to run the predicate.
+      return int(lib.hostcall_control_poll(handle, check))
+    with self._lock:
+      group = self._python_group_of.get(handle)
+      state = self._python.get(group)
+      if state is None:
+        return 0
+      if state.predicate and state.stop_at < 0:
+        # (Condition.wait releases the lock, and the GIL while it waits.)
+        # As the native check: wait until the predicate saw the last chunk.
+        self._changed.wait_for(
+            lambda: state.requested or self._evaluated.get(
+                handle, check) >= check - 1, timeout=_PREDICATE_WAIT)
+      if state.stop_at < 0:
+        reason = state.requested
+        if (not reason and state.interruptible
+            and self._interrupts > state.interrupts_at_open):
+          reason = INTERRUPTED
+        if (not reason and state.deadline is not None
+            and time.monotonic() >= state.deadline):
+          reason = TIME_LIMIT
+        if reason:
+          state.reason, state.stop_at = reason, state.last_check + 1
+      state.last_check = max(state.last_check, check)
+      return state.reason if 0 <= state.stop_at <= check else 0
+
+  # -- Ctrl-C without the native library -----------------------------------
+
+  def install_python_handler(self) -> None:
+    """Where the native library is missing: a Python SIGINT handler (which
+    runs when the main thread next runs Python: while it waits for the
+    loop, only after it)."""
+    if native.load() is not None:
+      return
+    if threading.current_thread() is not threading.main_thread():
+      return
+    current = signal.getsignal(signal.SIGINT)
+    if current is self._on_sigint:
+      return
+    self._previous_handler = current
+    signal.signal(signal.SIGINT, self._on_sigint)
+
+  def _on_sigint(self, signo, frame):
+    with self._lock:
+      take = self._interruptible_open() and not self._first_taken
+      if take:
+        self._first_taken = True
+        self._interrupts += 1
+    if take:
+      return
+    previous = self._previous_handler
+    if callable(previous):
+      previous(signo, frame)
+    else:
+      raise KeyboardInterrupt
+
+  def interrupts(self) -> int:
+    """SIGINTs taken for interruptible loops so far."""
+    lib = native.load()
+    if lib is not None:
+      return int(lib.held.hostcall_control_interrupts())
+    return self._interrupts
+
+
+controls = _Controls()
+_bars.bars.end_hooks.append(controls.close)
+
+
+# --- the device side: the check ----------------------------------------------
+
+control_check_p = jex_core.Primitive("hostcall_control_check")
+
+_INT = np.int32
+
+
+def data_leaves(tree) -> list:
+  """The leaves of ``tree`` as plain arrays: PRNG keys as their key data,
+  symbolic-zero (float0) leaves left out."""
+  leaves = []
+  for leaf in jax.tree_util.tree_leaves(tree):
+    leaf = jnp.asarray(leaf) if not hasattr(leaf, "dtype") else leaf
+    if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.extended):
+      leaf = jax.random.key_data(leaf)
+    if leaf.dtype != jax.dtypes.float0:
+      leaves.append(leaf)
+  return leaves
+
+
+def witness(tree) -> jax.Array:
+  """One float32 read from every leaf of ``tree`` (shape (1,), or (0,)
+  where it holds no data): an operand that waits for all of ``tree``."""
+  total = jnp.zeros((0,), jnp.float32)
+  for leaf in data_leaves(tree):
+    leaf = jnp.ravel(leaf)
+    if leaf.size:
+      part = leaf[:1]
+      part = jnp.abs(part) if jnp.iscomplexobj(part) else part
+      total = (total if total.size else 0) + part.astype(jnp.float32)
+  return total
+
+
+def check(handle, index, after=None) -> jax.Array:
+  """The stop check of a steered loop: 0 to go on, else the reason to stop.
+
+  Arguments:
+    handle: the invocation's handle (what the loop's open returned).
+    index: how many checks this invocation has made before, plus one.
+    after: the chunk's results: the check waits for them (else XLA may ask
+      at the chunk's start, when the host has yet to see the last chunk).
+  """
+  # An operand, not an ordering hint: XLA schedules a side-effecting call
+  # as early as its operands allow.
+  reason = control_check_p.bind(jnp.asarray(handle, _INT).reshape(()),
+                                jnp.asarray(index, _INT).reshape(()),
+                                witness(after))
+  names = _jax_private.collective_axis_names()
+  if names:
+    # Inside shard_map or pmap each device asks its own process's host;
+    # the devices of one process agree already, those of other processes
+    # (another host's clock, Ctrl-C, predicate) through this reduction, so
+    # that no device leaves a loop whose collectives its peers still run.
+    reason = jax.lax.pmax(reason, names)
+  return reason
+
+
+def _abstract_eval(handle, index, after):
+  del handle, index, after
+  return _jax_private.ShapedArray((), _INT)
+
+
+def _batching_rule(args, dims):
+  # Every lane of a loop stops together: one check for the batch (the
+  # handle is the same in every lane; the latest lane's index counts; the
+  # check waits for every lane's results).
+  handle, index, after = [a if d is None else jnp.moveaxis(a, d, 0).reshape(-1)
+                          for a, d in zip(args, dims)]
+  handle = handle if jnp.ndim(handle) == 0 else handle[0]
+  index = index if jnp.ndim(index) == 0 else jnp.max(index)
+  after = after if after.size <= 1 else jnp.sum(after, keepdims=True)
+  return control_check_p.bind(handle, index, after.reshape(-1)[:1]), None
+
+
+def _jvp_rule(primals, tangents):
+  del tangents
+  out = control_check_p.bind(*primals)
+  return out, _jax_private.Zero(jax.typeof(out).to_tangent_aval())
+
+
+def _remat_rule(saveable, unks_in, inst_in, eqn):
+  # Asked once: recomputing the check where the backward pass
+  # rematerialises would get another answer.
+  del saveable, inst_in
+  if any(unks_in):
+    return None, eqn, [True], [True], []
+  return eqn, None, [False], [False], []
+
+
+def _lowering(ctx, handle, index, after):
+  axis_context = ctx.module_context.axis_context
+  global_view = (isinstance(axis_context, _jax_private.ShardingContext)
+                 and axis_context.num_devices > 1)
+  on_cpu = list(ctx.module_context.platforms) == ["cpu"]
+  if on_cpu and not global_view and native.load() is not None:
+    return jax.ffi.build_ffi_lowering_function(
+        "hostcall_control_check", has_side_effect=True)(
+            ctx, handle, index, after).results
+
+  def poll(h, i, after):
+    del after
+    return (np.asarray(controls.poll(int(h), int(i)), _INT),)
+
+  # Under a global view of several devices one device asks, and every
+  # device reads its answer (as hostcall's calls with results do).
+  chosen = None
+  if global_view:
+    chosen = jax.sharding.SingleDeviceSharding(
+        axis_context.device_assignment[0])
+  results, _, _ = _jax_private.emit_python_callback(
+      ctx, poll, None, [handle, index, after], list(ctx.avals_in),
+      list(ctx.avals_out), has_side_effect=True, returns_token=False,
+      sharding=_jax_private.callback_op_sharding(axis_context, chosen,
+                                                 list(ctx.avals_out)))
+  if chosen is not None:
+    results = [_jax_private.replicated(ctx, r, a)
+               for r, a in zip(results, ctx.avals_out)]
+  return results
+
+
+control_check_p.def_abstract_eval(_abstract_eval)
+control_check_p.def_impl(lambda handle, index, after: jax.jit(
+    control_check_p.bind)(handle, index, after))
+_jax_private.primitive_batchers[control_check_p] = _batching_rule
+_jax_private.primitive_jvps[control_check_p] = _jvp_rule
+_jax_private.partial_eval_jaxpr_custom_rules[control_check_p] = _remat_rule
+_jax_private.register_lowering(control_check_p, _lowering)

@@ -1,0 +1,243 @@
+// hostcall's steered loops (hostcall.control): the check a compiled loop
+// makes between chunks of steps, "stop now?", answered from host state in
+// about a microsecond, without Python and without making the device wait
+// for the host.
+//
+// The host sets that state: a time limit (checked here against the clock),
+// a request from a host predicate (hostcall_control_request), or Ctrl-C: a
+// SIGINT handler installed here takes the first SIGINT while an
+// interruptible loop runs (the loops stop at their next check and return
+// normally) and hands any other to the handler it replaced (Python's, which
+// raises KeyboardInterrupt).
+//
+// A loop with a host predicate waits, at check k, until the predicate has
+// seen chunk k - 1 (whose tick is delivered asynchronously, while the
+// device runs chunk k): it stops within one check of the predicate saying
+// so, and the device waits only at a check it asked for.
+//
+// One invocation of a loop may run on several devices, each with its own
+// handle in one group. They must stop after the same check (a loop whose
+// body communicates would hang otherwise): the first check that sees a
+// reason to stop fixes the stopping check to one past the highest check any
+// device has made, and every device stops when it reaches it.
+
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <unordered_map>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+constexpr int32_t kInterrupted = 1;
+constexpr int32_t kTimeLimit = 2;
+
+struct Group {
+  int64_t deadline_ns = 0;  // steady clock; 0: no time limit
+  bool interruptible = false;
+  bool predicate = false;  // a host predicate decides after each tick
+  int64_t interrupts_at_open = 0;
+  int32_t requested = 0;  // a host predicate's reason, once it asked
+  int32_t reason = 0;     // why the loop stops, once decided
+  int64_t stop_at = -1;   // the check from which every device stops
+  int64_t last_check = 0;  // the highest check any device made
+  int handles = 0;
+};
+
+struct State {
+  std::mutex mu;
+  std::condition_variable evaluated_cv;
+  std::unordered_map<int64_t, Group> groups;
+  std::unordered_map<int64_t, int64_t> group_of;   // handle -> group
+  std::unordered_map<int64_t, int64_t> evaluated;  // handle -> ticks seen
+};
+
+// How long a check waits for the predicate before going on undecided.
+constexpr auto kPredicateWait = std::chrono::seconds(60);
+
+State& state() {
+  static State* s = new State();  // never destroyed: XLA threads may outlive
+  return *s;
+}
+
+std::atomic<int64_t> interrupts{0};           // SIGINTs taken for loops
+std::atomic<int64_t> interruptible_open{0};   // their handles open now
+std::atomic<int64_t> predicate_open{0};       // handles waiting on predicates
+std::atomic<int> first_taken{0};              // 1 once one SIGINT was taken
+struct sigaction previous_action;
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+void OnSigint(int signo, siginfo_t* info, void* context) {
+  // Only atomics here: this runs in whatever thread the signal interrupts.
+  if (interruptible_open.load() > 0 && first_taken.exchange(1) == 0) {
+    interrupts.fetch_add(1);
+    return;
+  }
+  if (previous_action.sa_flags & SA_SIGINFO) {
+    previous_action.sa_sigaction(signo, info, context);
+  } else if (previous_action.sa_handler == SIG_DFL) {
+    signal(signo, SIG_DFL);
+    raise(signo);
+  } else if (previous_action.sa_handler != SIG_IGN) {
+    previous_action.sa_handler(signo);
+  }
+}
+
+int32_t Poll(int64_t handle, int64_t check) {
+  State& s = state();
+  std::unique_lock<std::mutex> lock(s.mu);
+  auto found = s.group_of.find(handle);
+  if (found == s.group_of.end()) return 0;
+  const int64_t group = found->second;
+  if (s.groups[group].predicate && s.groups[group].stop_at < 0) {
+    s.evaluated_cv.wait_for(lock, kPredicateWait, [&] {
+      auto g = s.groups.find(group);
+      auto seen = s.evaluated.find(handle);
+      return g == s.groups.end() || g->second.requested ||
+             seen == s.evaluated.end() || seen->second >= check - 1;
+    });
+    if (s.groups.find(group) == s.groups.end()) return 0;
+  }
+  Group& g = s.groups[group];
+  if (g.stop_at < 0) {
+    int32_t reason = g.requested;
+    if (!reason && g.interruptible && interrupts.load() > g.interrupts_at_open)
+      reason = kInterrupted;
+    if (!reason && g.deadline_ns && NowNs() >= g.deadline_ns)
+      reason = kTimeLimit;
+    if (reason) {
+      g.reason = reason;
+      g.stop_at = g.last_check + 1;
+    }
+  }
+  if (check > g.last_check) g.last_check = check;
+  return (g.stop_at >= 0 && check >= g.stop_at) ? g.reason : 0;
+}
+
+// `after` is the chunk's results (a number read from them), unread: the
+// operand keeps XLA from asking before the chunk has run.
+ffi::Error Check(ffi::Buffer<ffi::S32> handle, ffi::Buffer<ffi::S32> check,
+                 ffi::AnyBuffer after, ffi::ResultBuffer<ffi::S32> reason) {
+  (void)after;
+  reason->typed_data()[0] =
+      Poll(handle.typed_data()[0], check.typed_data()[0]);
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(hostcall_control_check, Check,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::Buffer<ffi::S32>>());
+
+extern "C" {
+
+// Opens a device's handle on an invocation group. The group's first handle
+// fixes its time limit (microseconds from now; < 0: none) and whether
+// Ctrl-C stops it.
+void hostcall_control_open(int64_t handle, int64_t group,
+                           int64_t time_limit_us, int64_t interruptible,
+                           int64_t predicate) {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  auto created = s.groups.try_emplace(group);
+  Group& g = created.first->second;
+  if (created.second) {
+    g.deadline_ns = time_limit_us < 0 ? 0 : NowNs() + time_limit_us * 1000;
+    g.interruptible = interruptible != 0;
+    g.predicate = predicate != 0;
+    g.interrupts_at_open = interrupts.load();
+  }
+  s.group_of[handle] = group;
+  s.evaluated[handle] = 0;
+  ++g.handles;
+  if (g.predicate) predicate_open.fetch_add(1);
+  if (g.interruptible && interruptible_open.fetch_add(1) == 0) {
+    first_taken.store(0);  // a new run of loops: the next Ctrl-C is theirs
+  }
+}
+
+// A host predicate asks the group to stop, for `reason`.
+void hostcall_control_request(int64_t group, int64_t reason) {
+  State& s = state();
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    auto found = s.groups.find(group);
+    if (found != s.groups.end() && !found->second.requested) {
+      found->second.requested = static_cast<int32_t>(reason);
+    }
+  }
+  s.evaluated_cv.notify_all();
+}
+
+// The predicate has seen one more tick of `handle`.
+void hostcall_control_evaluated(int64_t handle) {
+  State& s = state();
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    auto found = s.evaluated.find(handle);
+    if (found != s.evaluated.end()) ++found->second;
+  }
+  s.evaluated_cv.notify_all();
+}
+
+void hostcall_control_close(int64_t handle) {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  auto found = s.group_of.find(handle);
+  if (found == s.group_of.end()) return;
+  auto group = s.groups.find(found->second);
+  s.group_of.erase(found);
+  s.evaluated.erase(handle);
+  s.evaluated_cv.notify_all();
+  if (group == s.groups.end()) return;
+  if (group->second.interruptible) interruptible_open.fetch_sub(1);
+  if (group->second.predicate) predicate_open.fetch_sub(1);
+  if (--group->second.handles == 0) s.groups.erase(group);
+}
+
+// How many open handles have checks that wait for a host predicate: while
+// there are, the consumer delivers ticks as they come (no gathering).
+int64_t hostcall_control_predicates_open() { return predicate_open.load(); }
+
+// The check, for the Python-callback path (several devices under jit).
+int64_t hostcall_control_poll(int64_t handle, int64_t check) {
+  return Poll(handle, check);
+}
+
+// Installs the SIGINT handler, unless it is installed; returns 1 if it
+// installed it now. Python may replace it (signal.signal): the next open of
+// an interruptible loop installs it again, over what replaced it.
+int64_t hostcall_control_install_sigint() {
+  struct sigaction current;
+  if (sigaction(SIGINT, nullptr, &current) != 0) return 0;
+  if ((current.sa_flags & SA_SIGINFO) && current.sa_sigaction == OnSigint) {
+    return 0;
+  }
+  previous_action = current;
+  struct sigaction ours = {};
+  ours.sa_sigaction = OnSigint;
+  ours.sa_flags = SA_SIGINFO | SA_ONSTACK;
+  sigemptyset(&ours.sa_mask);
+  return sigaction(SIGINT, &ours, nullptr) == 0 ? 1 : 0;
+}
+
+// SIGINTs taken for interruptible loops so far.
+int64_t hostcall_control_interrupts() { return interrupts.load(); }
+
+}  // extern "C"
