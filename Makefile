@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv demo test test-heavy test-legacy bench docs clean
+.PHONY: venv demo test test-heavy test-legacy test-matrix test-jax bench docs clean
 
 venv: $(STAMP)
 
@@ -28,6 +28,30 @@ test-heavy: venv
 test-legacy: venv
 	HOSTCALL_TEST_LEGACY=1 $(BIN)/python -m pytest -q -m legacy tests/legacy
 
+# The oldest and newest JAX releases pyproject.toml admits, each in its own
+# venv (.venv-jax-<version>), the whole suite on each. JAX 0.11 and later
+# need Python 3.12: the newest runs where python3.12 is found.
+JAX_OLDEST := 0.8.0
+JAX_NEWEST := 0.12.0.1
+# A python3.12 that runs (a pyenv shim may name a version not activated).
+PYTHON312  ?= $(shell for p in python3.12 $$(ls -d $$(pyenv root 2>/dev/null)/versions/3.12*/bin/python3.12 2>/dev/null); do "$$p" -c "" 2>/dev/null && echo "$$p" && break; done)
+
+test-matrix:
+	$(MAKE) test-jax JAX_VERSION=$(JAX_OLDEST) JAX_PYTHON=$(PYTHON)
+	@if [ -n "$(PYTHON312)" ]; then \
+	  $(MAKE) test-jax JAX_VERSION=$(JAX_NEWEST) JAX_PYTHON=$(PYTHON312); \
+	else echo "test-matrix: no python3.12, so JAX $(JAX_NEWEST) is not tested"; fi
+
+test-jax:
+	@test -n "$(JAX_VERSION)" || (echo "usage: make test-jax JAX_VERSION=0.8.0"; exit 2)
+	test -f .venv-jax-$(JAX_VERSION)/.installed || ( \
+	  $(JAX_PYTHON) -m venv .venv-jax-$(JAX_VERSION) && \
+	  .venv-jax-$(JAX_VERSION)/bin/python -m pip install --quiet --upgrade pip && \
+	  .venv-jax-$(JAX_VERSION)/bin/python -m pip install --quiet -e '.[test]' \
+	    jax==$(JAX_VERSION) jaxlib==$(JAX_VERSION) && \
+	  touch .venv-jax-$(JAX_VERSION)/.installed )
+	.venv-jax-$(JAX_VERSION)/bin/python -m pytest -q -m "not heavy" -p no:cacheprovider
+
 bench: venv
 	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
 	$(BIN)/python benchmarks/run.py
@@ -38,4 +62,4 @@ docs: venv
 	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict --site-dir build/site
 
 clean:
-	rm -rf $(VENV) build src/*.egg-info .pytest_cache
+	rm -rf $(VENV) .venv-jax-* build src/*.egg-info .pytest_cache

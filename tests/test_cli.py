@@ -223,6 +223,9 @@ def test_benchmark_smoke_run(tmp_path):
   assert "6. async taps with a busy Python thread" in proc.stdout
   assert "7. progress bar (hostcall.progress.scan)" in proc.stdout
   assert "7. per-step metrics (hostcall.scan, every=256)" in proc.stdout
+  assert "7. ... per-step metrics / the floor" in proc.stdout
+  assert "9. interruptible loop, no bar (Ctrl-C, time limit)" in proc.stdout
+  assert "9. ... stopped by a host predicate (stop_when)" in proc.stdout
   rows = json.loads((tmp_path / "latest.json").read_text())["rows"]
   assert any(r["row"].startswith("7. progress bar") for r in rows)
 

@@ -58,9 +58,10 @@ def test_a_predicate_stops_the_scan_within_one_check():
   hostcall.barrier()
   assert bool(out.stopped) and control.reason_name(out.reason) == "stop_when"
   assert int(out.reason) == control.STOP_WHEN
-  # Decided after the chunk ending at 30,000; the next check stops it.
-  assert int(out.steps) == 31_000
-  assert seen[:31] == list(range(1000, 31_001, 1000))
+  # Decided after the chunk ending at 30,000: that chunk's check or the
+  # next one stops the loop (the device runs at most one chunk ahead).
+  assert int(out.steps) in (30_000, 31_000)
+  assert seen[:30] == list(range(1000, 30_001, 1000))
   _assert_prefix_of_uninterrupted(out, 200_000)
 
 
@@ -178,9 +179,10 @@ def test_plateau_stops_when_the_logged_loss_stalls(tmp_path):
   hostcall.barrier()
   # The best loss is logged at step 60 (seen by the check after step 70);
   # the checks after 80, 90 and 100 see no better: the one after 100 asks
-  # to stop, and the loop stops at the following check.
-  assert bool(out.stopped) and int(out.steps) == 110
-  assert run.latest("loss") == (109, 40.0)
+  # to stop, and that check or the following one stops the loop.
+  steps = int(out.steps)
+  assert bool(out.stopped) and steps in (100, 110)
+  assert run.latest("loss") == (steps - 1, 40.0)
   run.close()
 
 

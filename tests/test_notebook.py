@@ -88,3 +88,60 @@ def test_each_cells_host_output_lands_in_that_cell(tmp_path):
   assert texts[4] == "".join(f"cell4 async tap {i}\n" for i in range(5))
   assert texts[5] == "cell5 plain\n"
   assert texts[7] == "cell7 rows 3\n"
+
+
+_LONG_LOOP = """
+import jax, jax.numpy as jnp, numpy as np, hostcall
+from hostcall import host_callback as hcb
+
+def step(i, c):
+  c = jnp.sin(c) * 0.5 + 1.0
+  jax.lax.cond(i == 5000, lambda: hcb.id_tap(
+      lambda *_: print("started", flush=True), 0, delivery="async"),
+      lambda: 0)
+  return c
+
+n = 10**9
+out = jax.jit(lambda x: hostcall.progress.fori_loop(
+    0, n, step, x, every=20_000, interruptible=True, disable=True))(
+        jnp.zeros(8))
+steps = int(out.steps)
+ref = jax.lax.fori_loop(0, steps, lambda i, c: jnp.sin(c) * 0.5 + 1.0,
+                        jnp.zeros(8))
+print("result", hostcall.control.reason_name(out.reason), 5000 < steps < n,
+      bool(np.array_equal(out.value, ref)))
+"""
+
+
+def test_the_kernels_interrupt_button_stops_a_loop_and_keeps_its_state():
+  from jupyter_client import KernelManager
+  km = KernelManager(kernel_name="python3")
+  km.kernel_spec.argv[0] = sys.executable  # this environment's kernel
+  km.kernel_spec.env.update({**os.environ, "PYTHONPATH": str(ROOT / "src")})
+  km.start_kernel()
+  kc = km.client()
+  kc.start_channels()
+  try:
+    kc.wait_for_ready(timeout=120)
+    msg_id = kc.execute(_LONG_LOOP)
+    text, interrupted = "", False
+    while True:
+      msg = kc.get_iopub_msg(timeout=240)
+      if msg["parent_header"].get("msg_id") != msg_id:
+        continue
+      if msg["msg_type"] == "stream":
+        text += msg["content"]["text"]
+        if "started" in text and not interrupted:
+          km.interrupt_kernel()  # what the notebook's interrupt button does
+          interrupted = True
+      elif msg["msg_type"] == "error":
+        text += "\n".join(msg["content"]["traceback"])
+      elif (msg["msg_type"] == "status"
+            and msg["content"]["execution_state"] == "idle"):
+        break
+  finally:
+    kc.stop_channels()
+    km.shutdown_kernel(now=True)
+  assert interrupted, text
+  assert "result interrupted True True" in text, text
+  assert "KeyboardInterrupt" not in text
