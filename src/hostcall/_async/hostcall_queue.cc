@@ -192,7 +192,8 @@ void hostcall_become_consumer() {
 }
 
 // Waits up to timeout_ms for items; moves up to max_items of them into out
-// (each to be freed with hostcall_release_many) and returns how many.
+// (each given back with hostcall_uncount_many, then freed with
+// hostcall_free) and returns how many.
 int64_t hostcall_pop(int64_t timeout_ms, int64_t max_items, void** out) {
   Queue& q = queue();
   std::unique_lock<std::mutex> lock(q.mu);
@@ -257,23 +258,6 @@ void hostcall_free(void* handle) {
     KeepBlock(q, std::move(item->data));
   }
   delete item;
-}
-
-// Gives back the room of delivered items and frees them (one lock for all).
-void hostcall_release_many(void** handles, int64_t n) {
-  Queue& q = queue();
-  bool wake = false;
-  {
-    std::lock_guard<std::mutex> lock(q.mu);
-    for (int64_t i = 0; i < n; ++i) {
-      Item* item = static_cast<Item*>(handles[i]);
-      q.bytes -= item->accounted;
-      KeepBlock(q, std::move(item->data));
-    }
-    wake = q.producers_waiting > 0;
-  }
-  if (wake) q.not_full.notify_all();
-  for (int64_t i = 0; i < n; ++i) delete static_cast<Item*>(handles[i]);
 }
 
 // Lets producers through a full queue (1) or not (0); see Queue::bypass.

@@ -144,7 +144,6 @@ def _declare(lib) -> None:
       ctypes.c_int64)
   signatures = {
       "hostcall_pop": ([i64, i64, ctypes.POINTER(vp)], i64),
-      "hostcall_release_many": ([ctypes.POINTER(vp), i64], None),
       "hostcall_uncount_many": ([ctypes.POINTER(vp), i64], None),
       "hostcall_free": ([vp], None),
       "hostcall_describe": ([vp, p64], None),
