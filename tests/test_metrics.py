@@ -2,7 +2,6 @@
 
 import json
 import os
-import pathlib
 import struct
 import subprocess
 import sys
@@ -55,19 +54,65 @@ def test_jsonl_rows_are_complete_at_the_barrier(tmp_path):
   run.close()
 
 
-def test_buffered_loop_writes_one_block_per_chunk(tmp_path):
+def test_buffered_loop_writes_whole_chunks_in_order(tmp_path):
   writes = []
 
   class Counting(metrics.Writer):
     def write(self, block):
-      writes.append(len(block))
+      writes.append(block.step.tolist())
 
   run = metrics.Run("chunks", root=tmp_path, writers=["jsonl", Counting()])
   losses, ws = _train(run, steps=50, every=16)
   run.close()
-  assert writes == [16, 16, 16, 2]
+  # The writer thread may join chunks that wait for it into one write, but
+  # never splits one: every write ends where a chunk ends.
+  assert [step for write in writes for step in write] == list(range(50))
+  assert {write[-1] + 1 for write in writes} <= {16, 32, 48, 50}
   _check_rows(metrics.read(tmp_path / "chunks").to_dict("records"), losses,
               ws)
+
+
+def test_the_writer_joins_waiting_blocks_with_the_same_columns(tmp_path):
+  import threading
+  from hostcall._apps import writer_thread
+  entered, release, writes = threading.Event(), threading.Event(), []
+
+  class Held(metrics.Writer):
+    def write(self, block):
+      entered.set()
+      release.wait(60)  # the first write holds the writer thread
+      writes.append((list(block.metrics), block.step.tolist(),
+                     [v.tolist() for v in block.metrics.values()]))
+
+  run = metrics.Run("joined", root=tmp_path, writers=[Held()])
+  loss = jax.jit(lambda i: run.log(i, loss=i * 1.5))
+  acc = jax.jit(lambda i: run.log(i, acc=i > 2))
+  pair = jax.jit(lambda i: run.log(i, loss=jnp.stack([i, i]) * 1.0))
+  try:
+    loss(0)
+    assert entered.wait(60)
+    for i, log in enumerate([loss, acc, acc, loss, loss, pair, loss], 1):
+      log(i)
+    writer = writer_thread._writer_thread
+    # Every put is queued behind the held write; then let it go.
+    poll = threading.Event()
+    for _ in range(12_000):  # up to a minute
+      if writer._pending_blocks >= 8:
+        break
+      poll.wait(0.005)
+    assert writer._pending_blocks == 8 and not writes
+    release.set()
+    run.close()
+  finally:
+    release.set()
+  assert writes == [
+      (["loss"], [0], [[0.0]]),
+      (["loss"], [1], [[1.5]]),  # the next is not a loss
+      (["acc"], [2, 3], [[False, True]]),
+      (["loss"], [4, 5], [[6.0, 7.5]]),
+      (["loss"], [6], [[[6.0, 6.0]]]),  # the same name, another shape
+      (["loss"], [7], [[10.5]]),
+  ]
 
 
 def test_csv_has_a_column_per_array_element_and_widens(tmp_path):

@@ -13,7 +13,7 @@ import pytest
 import hostcall
 from hostcall import host_callback as hcb
 from hostcall import metrics
-from hostcall._apps import metrics as metrics_impl
+from hostcall._apps import writer_thread
 
 
 def test_rows_logged_while_the_run_is_recreated_are_each_kept_once(tmp_path):
@@ -49,8 +49,8 @@ def test_rows_logged_while_the_run_is_recreated_are_each_kept_once(tmp_path):
 
 def test_a_writer_slower_than_the_device_holds_it_back_not_memory(
     monkeypatch, tmp_path):
-  monkeypatch.setattr(metrics_impl._Writers, "MAX_PENDING_BLOCKS", 8)
-  writers = metrics_impl._writer_thread
+  monkeypatch.setattr(writer_thread._Writers, "MAX_PENDING_BLOCKS", 8)
+  writers = writer_thread._writer_thread
   release = threading.Event()
   pending_seen = []
 
@@ -165,3 +165,57 @@ def test_a_name_utf8_cannot_carry_is_written_escaped_to_csv(tmp_path):
       "step,loss\\udcff", "0,1.5"]
   assert metrics.read(tmp_path / "odd" / "metrics.jsonl")[name].tolist() == [
       1.5]
+
+
+class _FakeRun:
+  """What the writer thread hands blocks to, recorded."""
+
+  def __init__(self):
+    self.got = []
+
+  def _write(self, block, count=1):
+    self.got.append((None if block is None else block.step.tolist(), count))
+
+
+def _block(*steps, name="v"):
+  return metrics.Block(step=np.array(steps, np.int64),
+                       metrics={name: np.zeros(len(steps), np.float32)})
+
+
+def _drain_through_a_fresh_writer_thread(items):
+  writers = writer_thread._Writers()
+  for item in items:
+    writers._queue.put(item)
+  writers._pending_blocks = len(items)
+  writers._pending_bytes = sum(size for _, _, size in items)
+  threading.Thread(target=writers._loop, daemon=True).start()
+  with writers._lock:
+    assert writers._room.wait_for(lambda: writers._pending_blocks == 0,
+                                  timeout=60)
+  assert writers._pending_bytes == 0
+
+
+def test_the_writer_thread_joins_only_neighbours_it_may_and_loses_none():
+  a, b = _FakeRun(), _FakeRun()
+  resume = writer_thread._RESUME
+  _drain_through_a_fresh_writer_thread([
+      (a, _block(0), 8), (a, resume, 0),  # a run's writers opening
+      (a, _block(1), 8), (a, _block(2, 3), 16),
+      (b, _block(4), 8),  # another run
+      (a, _block(5, name="w"), 8),  # other columns
+      (a, _block(6), 8), (a, _block(7), 8)])
+  assert a.got == [([0], 1), (None, 1), ([1, 2, 3], 2), ([5], 1),
+                   ([6, 7], 2)]
+  assert b.got == [([4], 1)]
+
+
+def test_blocks_that_cannot_be_joined_are_written_one_by_one(monkeypatch):
+  def no_memory(blocks):
+    raise MemoryError("joining blocks")
+
+  monkeypatch.setattr(writer_thread._writers, "concatenate", no_memory)
+  run = _FakeRun()
+  _drain_through_a_fresh_writer_thread(
+      [(run, _block(0), 8), (run, _block(1), 8), (run, _block(2), 8)])
+  # Each block is written once, in order, and counted once.
+  assert run.got == [([0], 1), ([1], 1), ([2], 1)]

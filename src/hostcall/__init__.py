@@ -15,7 +15,7 @@ Public API:
 * ``hostcall.set_delivery`` / ``hostcall.delivery``: synchronous taps (the
   default) or asynchronous ones (queued, delivered by a host thread, the
   device never waiting for Python); ``hostcall.set_queue_capacity``,
-  ``hostcall.queue_stats``.
+  ``hostcall.set_gather_window``, ``hostcall.queue_stats``.
 * ``hostcall.scan``: ``lax.scan`` whose taps reach the host K steps at a
   time (loop-buffered delivery).
 * ``hostcall.progress``: progress bars for ``scan``, ``fori_loop`` and
@@ -34,7 +34,8 @@ from hostcall import (_jax_private, _notebook, control, host_callback,
                       metrics, progress)
 from hostcall._apps.scan import scan
 from hostcall._async.delivery import delivery, set_delivery
-from hostcall._async.queue import queue_stats, set_queue_capacity
+from hostcall._async.queue import (queue_stats, set_gather_window,
+                                   set_queue_capacity)
 from hostcall._core import (CallbackException, CallContext, barrier,
                             call_context)
 from hostcall._core.errors import (HostFunctionError, original_error,
@@ -63,6 +64,7 @@ __all__ = [
     "delivery",
     "queue_stats",
     "set_delivery",
+    "set_gather_window",
     "set_queue_capacity",
     "debug_callback",
     "debug_print",

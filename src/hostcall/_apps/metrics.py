@@ -17,7 +17,6 @@ import logging
 import math
 import os
 import pathlib
-import queue
 import threading
 from typing import Any, Iterable
 
@@ -26,9 +25,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from hostcall._apps import writers as _writers
+from hostcall._apps.writer_thread import _RESUME, _writer_thread
 from hostcall._async import queue as _queue
 from hostcall._core import TapTarget, bind, errors
-from hostcall._core.context import forbid_waiting, why_waiting_is_forbidden
+from hostcall._core.context import why_waiting_is_forbidden
 from hostcall._core.barriers import add_barrier_hook
 from hostcall._core import target as _target
 from hostcall._flavours.checks import is_array_like
@@ -70,7 +70,7 @@ class _LogTarget(TapTarget):
 
     def rows_first(a):
       a = np.asarray(a)
-      if steps is not None:  # (*batch, K, ...) -> (K, *batch, ...)
+      if steps is not None and batch_rank:  # (*batch, K, ...) -> (K, ...)
         a = np.moveaxis(a, batch_rank, 0)
       return a.reshape(rows, *a.shape[batch_rank + (steps is not None):])
 
@@ -90,66 +90,6 @@ class _LogTarget(TapTarget):
                             device))
 
 
-class _Writers:
-  """The one thread that hands blocks to every run's writers, so that a
-  slow disk never slows the device nor the delivery of other callbacks (and
-  runs left open cost no thread each).
-
-  Blocks waiting for it are bounded (``MAX_PENDING_BYTES`` of arrays, and
-  ``MAX_PENDING_BLOCKS``, each of which costs Python objects besides):
-  past the bound, whoever hands over a block (the tap's delivery) waits,
-  and the device with it: back-pressure, never loss, never unbounded
-  memory.
-  """
-
-  MAX_PENDING_BYTES = 256 << 20
-  MAX_PENDING_BLOCKS = 16384
-
-  def __init__(self):
-    self._queue: queue.SimpleQueue = queue.SimpleQueue()
-    self._lock = threading.Lock()
-    self._room = threading.Condition(self._lock)
-    self._pending_bytes = self._pending_blocks = 0
-    self._thread: threading.Thread | None = None
-
-  @property
-  def is_writer(self) -> bool:
-    """Whether the calling thread is the writer thread."""
-    return threading.current_thread() is self._thread
-
-  def put(self, run: "Run", block) -> None:
-    size = block.nbytes if block is not _RESUME else 0
-    with self._lock:
-      if self._thread is None:
-        self._thread = threading.Thread(target=self._loop, daemon=True,
-                                        name="hostcall-metrics-writer")
-        self._thread.start()
-      if not self.is_writer and block is not _RESUME:
-        # One block larger than the bound still goes through alone.
-        self._room.wait_for(lambda: self._pending_blocks == 0 or (
-            self._pending_bytes + size <= self.MAX_PENDING_BYTES
-            and self._pending_blocks < self.MAX_PENDING_BLOCKS))
-      self._pending_bytes += size
-      self._pending_blocks += 1
-      self._room.notify_all()  # for whoever watches the backlog
-    self._queue.put((run, block, size))
-
-  def _loop(self) -> None:
-    forbid_waiting("a metrics writer")
-    while True:
-      run, block, size = self._queue.get()
-      try:
-        run._write(block)
-      except BaseException:  # noqa: BLE001 - the writer thread never dies
-        logger.exception("hostcall: metrics writing failed")
-      finally:
-        with self._lock:
-          self._pending_bytes -= size
-          self._pending_blocks -= 1
-          self._room.notify_all()
-
-
-_writer_thread = _Writers()
 
 
 def _run_dir(root, name) -> pathlib.Path:
@@ -171,8 +111,6 @@ def _run_dir(root, name) -> pathlib.Path:
   return path
 
 
-#: Tells the writer thread that a run's writers are open.
-_RESUME = None
 
 _INDEX_COLUMNS = frozenset({"member", "device"})
 
@@ -438,21 +376,21 @@ class Run:
           "Open a new Run (or close this one after the last log).")
     _writer_thread.put(run, block)
 
-  def _write(self, block) -> None:
-    """Writes ``block`` (in the writer thread). Blocks that come before the
-    run's writers are open (the replaced run still writing its last rows)
-    wait, in order, for ``_RESUME``."""
+  def _write(self, block, count: int = 1) -> None:
+    """Writes ``block``, the rows of ``count`` puts (in the writer thread).
+    Blocks that come before the run's writers are open (the replaced run
+    still writing its last rows) wait, in order, for ``_RESUME``."""
     if block is _RESUME:
       parked, self._parked = self._parked, []
       for waiting in parked:
-        self._write_now(waiting)
+        self._write_now(*waiting)
       return
     if not self._ready.is_set() or self._parked:
-      self._parked.append(block)
+      self._parked.append((block, count))
       return
-    self._write_now(block)
+    self._write_now(block, count)
 
-  def _write_now(self, block) -> None:
+  def _write_now(self, block, count: int = 1) -> None:
     try:
       for writer in self.writers:
         try:
@@ -461,7 +399,7 @@ class Run:
           errors.postpone(exc, f"metrics writer {writer!r}")
     finally:
       with self._written:
-        self._done_count += 1
+        self._done_count += count
         self._written.notify_all()
 
   def _drain(self) -> None:

@@ -25,10 +25,12 @@ class Block:
   """Rows of metrics: ``step`` and the optional ``member`` / ``device``
   columns, and one column per metric (first axis: the rows).
 
-  What a ``Writer`` receives: one block per host delivery of a
+  What a ``Writer`` receives: the rows of one host delivery of a
   ``Run.log`` call (one step, or ``every`` steps inside ``hostcall.scan``),
-  with one row per step and vmap member, ordered by step, then member.
-  ``len(block)`` is the number of rows.
+  or of several that follow each other with the same columns (the writer
+  thread joins what waits for it into one write), with one row per step
+  and vmap member, ordered by step, then member. ``len(block)`` is the
+  number of rows.
 
   Attributes:
     step: the step of each row (int64).
@@ -93,6 +95,33 @@ class Block:
     lists = {name: _python(values) for name, values in columns.items()}
     names = list(lists)
     return [dict(zip(names, row)) for row in zip(*lists.values())]
+
+
+def same_columns(first: Block, second: Block) -> bool:
+  """Whether two blocks have the same columns (names, order, dtypes and
+  shapes after the rows), so that one block can hold both."""
+  def columns(block):
+    return [(name, np.asarray(c).dtype, np.shape(c)[1:])
+            for name, c in {**block.index_columns(),
+                            **block.metrics}.items()]
+  try:
+    return columns(first) == columns(second)
+  except Exception:  # noqa: BLE001 - whatever cannot be compared is not joined
+    return False
+
+
+def concatenate(blocks: list[Block]) -> Block:
+  """One block with the rows of ``blocks`` (which have the same columns),
+  in order."""
+  def joined(get):
+    return np.concatenate([get(block) for block in blocks])
+  first = blocks[0]
+  return Block(
+      step=joined(lambda b: b.step),
+      metrics={name: joined(lambda b, name=name: b.metrics[name])
+               for name in first.metrics},
+      member=None if first.member is None else joined(lambda b: b.member),
+      device=None if first.device is None else joined(lambda b: b.device))
 
 
 def _plain(values: np.ndarray) -> np.ndarray:
@@ -238,11 +267,12 @@ class JsonlWriter(Writer):
         _texts(values, json_style=True) if values.ndim == 1 else
         [json.dumps(v) for v in _python(values)]
         for values in columns.values()]
-    # Names are data: written as JSON strings, never as format strings.
-    keys = [json.dumps(name) + ": " for name in columns]
-    self._file.write("".join(
-        "{" + ", ".join(k + v for k, v in zip(keys, row)) + "}\n"
-        for row in zip(*texts)))
+    # Names are data: written as JSON strings, their "%" escaped in the
+    # row's template (one % formatting a row is four times faster than
+    # joining its pieces).
+    line = "{" + ", ".join(json.dumps(name).replace("%", "%%") + ": %s"
+                           for name in columns) + "}\n"
+    self._file.write("".join(line % row for row in zip(*texts)))
 
   def flush(self) -> None:
     """Flushes the file's buffer (nothing once closed)."""

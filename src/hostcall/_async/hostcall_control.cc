@@ -34,6 +34,8 @@
 
 namespace ffi = xla::ffi;
 
+extern "C" void hostcall_wake_consumer();  // hostcall_queue.cc
+
 namespace {
 
 constexpr int32_t kInterrupted = 1;
@@ -102,6 +104,8 @@ int32_t Poll(int64_t handle, int64_t check) {
   if (found == s.group_of.end()) return 0;
   const int64_t group = found->second;
   if (s.groups[group].predicate && s.groups[group].stop_at < 0) {
+    // The tick this check waits for may sit in the queue, gathering.
+    hostcall_wake_consumer();
     s.evaluated_cv.wait_for(lock, kPredicateWait, [&] {
       auto g = s.groups.find(group);
       auto seen = s.evaluated.find(handle);

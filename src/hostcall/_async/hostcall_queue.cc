@@ -43,8 +43,14 @@ struct Queue {
   int64_t bytes = 0;
   int64_t capacity = int64_t{64} << 20;
   int64_t pushed = 0;
+  int64_t trips = 0;  // pops that took items
   int64_t blocked = 0;  // times a producer waited for room
   bool consumer_waiting = false;
+  // The consumer lets items gather before it takes them (see hostcall_pop):
+  // a producer wakes it early only when it must not wait (Urgent).
+  bool consumer_gathering = false;
+  int64_t gather_items = 0;  // what one pop takes at most
+  int64_t hurry = 0;         // threads waiting for delivery (barriers)
   int producers_waiting = 0;
   // The consumer thread: a tap made while it delivers (a host function that
   // runs a JAX computation with asynchronous taps) must not wait for room
@@ -93,6 +99,22 @@ void KeepBlock(Queue& q, std::vector<char>&& block) {
   }
 }
 
+}  // namespace
+
+extern "C" int64_t hostcall_control_predicates_open();  // hostcall_control.cc
+
+namespace {
+
+// Called with q.mu held: whether a gathering consumer must take the items
+// now: someone waits for their delivery (a barrier, a producer that needs
+// room, a steered loop's check that waits for its predicate), or they fill
+// a batch or a quarter of the queue.
+bool Urgent(const Queue& q) {
+  return q.hurry > 0 || q.producers_waiting > 0 ||
+         static_cast<int64_t>(q.items.size()) >= q.gather_items ||
+         q.bytes >= q.capacity / 4 || hostcall_control_predicates_open() > 0;
+}
+
 // Puts an item in the queue, waiting for room if it is full.
 void Insert(Item* item) {
   Queue& q = queue();
@@ -102,6 +124,7 @@ void Insert(Item* item) {
         !q.bypass && std::this_thread::get_id() != q.consumer) {
       ++q.blocked;
       ++q.producers_waiting;
+      if (q.consumer_gathering) q.not_empty.notify_one();
       // A lone item larger than the capacity still goes through.
       q.not_full.wait(lock, [&] {
         return q.bypass || q.bytes == 0 ||
@@ -112,9 +135,11 @@ void Insert(Item* item) {
     q.items.push_back(item);
     q.bytes += item->accounted;
     ++q.pushed;
-    // Wake the consumer only when it sleeps: a busy one finds the item
-    // anyway, and the device thread saves a system call per tap.
-    if (!q.consumer_waiting) return;
+    // Wake the consumer only when it sleeps, or gathers and must not: a
+    // busy one finds the item anyway, and every wake-up costs the device
+    // thread (a system call, and on a small machine the consumer's run
+    // slows the device's core: measured, docs/performance.md).
+    if (!q.consumer_waiting && !(q.consumer_gathering && Urgent(q))) return;
   }
   q.not_empty.notify_one();
 }
@@ -191,10 +216,12 @@ void hostcall_become_consumer() {
   q.consumer = std::this_thread::get_id();
 }
 
-// Waits up to timeout_ms for items; moves up to max_items of them into out
-// (each given back with hostcall_uncount_many, then freed with
-// hostcall_free) and returns how many.
-int64_t hostcall_pop(int64_t timeout_ms, int64_t max_items, void** out) {
+// Waits up to timeout_ms for items, then up to gather_us more for others
+// to join them (unless they are urgent, see Urgent); moves up to max_items
+// of them into out (each given back with hostcall_uncount_many, then freed
+// with hostcall_free) and returns how many.
+int64_t hostcall_pop(int64_t timeout_ms, int64_t max_items, int64_t gather_us,
+                     void** out) {
   Queue& q = queue();
   std::unique_lock<std::mutex> lock(q.mu);
   if (q.items.empty()) {
@@ -203,11 +230,19 @@ int64_t hostcall_pop(int64_t timeout_ms, int64_t max_items, void** out) {
                          [&] { return !q.items.empty(); });
     q.consumer_waiting = false;
   }
+  q.gather_items = max_items;
+  if (!q.items.empty() && gather_us > 0 && !Urgent(q)) {
+    q.consumer_gathering = true;
+    q.not_empty.wait_for(lock, std::chrono::microseconds(gather_us),
+                         [&] { return Urgent(q); });
+    q.consumer_gathering = false;
+  }
   int64_t n = 0;
   while (n < max_items && !q.items.empty()) {
     out[n++] = q.items.front();
     q.items.pop_front();
   }
+  if (n) ++q.trips;
   return n;
 }
 
@@ -260,6 +295,24 @@ void hostcall_free(void* handle) {
   delete item;
 }
 
+// A thread starts (+1) or stops (-1) waiting for the queue's items to be
+// delivered: while any waits, the consumer takes items without gathering.
+void hostcall_hurry(int64_t delta) {
+  Queue& q = queue();
+  {
+    std::lock_guard<std::mutex> lock(q.mu);
+    q.hurry += delta;
+  }
+  if (delta > 0) q.not_empty.notify_one();
+}
+
+// Wakes a gathering consumer to look again whether its items are urgent.
+void hostcall_wake_consumer() {
+  Queue& q = queue();
+  { std::lock_guard<std::mutex> lock(q.mu); }
+  q.not_empty.notify_one();
+}
+
 // Lets producers through a full queue (1) or not (0); see Queue::bypass.
 void hostcall_set_bypass(int64_t on) {
   Queue& q = queue();
@@ -280,7 +333,7 @@ void hostcall_set_capacity(int64_t bytes) {
 }
 
 // stats: pushed, queued items, queued bytes, capacity, producer waits,
-// producers waiting now.
+// producers waiting now, the consumer's trips.
 void hostcall_stats(int64_t* out) {
   Queue& q = queue();
   std::lock_guard<std::mutex> lock(q.mu);
@@ -290,6 +343,7 @@ void hostcall_stats(int64_t* out) {
   out[3] = q.capacity;
   out[4] = q.blocked;
   out[5] = q.producers_waiting;
+  out[6] = q.trips;
 }
 
 }  // extern "C"

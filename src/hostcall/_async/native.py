@@ -143,7 +143,9 @@ def _declare(lib) -> None:
   vp, i64, p64 = ctypes.c_void_p, ctypes.c_int64, ctypes.POINTER(
       ctypes.c_int64)
   signatures = {
-      "hostcall_pop": ([i64, i64, ctypes.POINTER(vp)], i64),
+      "hostcall_pop": ([i64, i64, i64, ctypes.POINTER(vp)], i64),
+      "hostcall_hurry": ([i64], None),
+      "hostcall_wake_consumer": ([], None),
       "hostcall_uncount_many": ([ctypes.POINTER(vp), i64], None),
       "hostcall_free": ([vp], None),
       "hostcall_describe": ([vp, p64], None),

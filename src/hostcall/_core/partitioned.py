@@ -25,7 +25,6 @@ several devices altogether).
 
 from __future__ import annotations
 
-import jax
 import numpy as np
 from jax.extend.mlir import ir
 from jax.extend.mlir.dialects import stablehlo as hlo

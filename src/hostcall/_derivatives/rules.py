@@ -33,7 +33,6 @@ import math
 from typing import Callable
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from hostcall._derivatives.common import is_inexact

@@ -90,9 +90,24 @@ class Bench:
     self.base_fn = _scan(None, self.steps)
     self.base = _per_step(self.base_fn, self.steps, self.repeats)
 
-  def paired(self, fn, drain=True, repeats=None) -> tuple[float, float]:
-    """(us/step of fn, median ratio to the plain scan), the two run
-    alternately so that the machine's drift hits both alike."""
+  @property
+  def effectful_base_fn(self) -> Callable:
+    """The plain scan with one ``jax.debug.callback`` after the loop: JAX
+    dispatches it as it dispatches every program with effects (on the
+    calling thread, off its C++ fast path), so that a ratio against it
+    leaves out what that dispatch costs and keeps what the taps cost."""
+    def effectful(x):
+      out = jax.lax.scan(lambda c, _: (_matmul_step(c), None), x, None,
+                         length=self.steps)[0]
+      jax.debug.callback(_noop, out[0, 0])
+      return out
+    return jax.jit(effectful)
+
+  def paired(self, fn, drain=True, repeats=None, base_fn=None
+             ) -> tuple[float, float]:
+    """(us/step of fn, median ratio to the plain scan, or to ``base_fn``),
+    the two run alternately so that the machine's drift hits both alike."""
+    base_fn = base_fn or self.base_fn
     def once(f):
       start = time.perf_counter()
       f(X).block_until_ready()
@@ -100,10 +115,10 @@ class Bench:
       if drain:
         hostcall.barrier()
       return elapsed
-    once(fn), once(self.base_fn)
+    once(fn), once(base_fn)
     times, ratios = [], []
     for _ in range(repeats or self.repeats):
-      t, b = once(fn), once(self.base_fn)
+      t, b = once(fn), once(base_fn)
       times.append(t)
       ratios.append(t / b)
     hostcall.barrier()
@@ -276,9 +291,13 @@ def progress_bar(b: Bench) -> list[dict]:
 
   fn = jax.jit(lambda x: hostcall.progress.scan(
       step, x, None, length=b.steps, file=io.StringIO())[0])
-  return [_row("7. progress bar (hostcall.progress.scan)",
-               *b.paired(fn, repeats=3 * b.repeats), 1.1,
-               "a tick every 1% of the loop")]
+  us, ratio = b.paired(fn, repeats=3 * b.repeats)
+  _, effectful = b.paired(fn, repeats=3 * b.repeats,
+                          base_fn=b.effectful_base_fn)
+  return [_row("7. progress bar (hostcall.progress.scan)", us, ratio, 1.1,
+               "a tick every 1% of the loop"),
+          _row("7. ... progress bar / effectful dispatch", us, effectful,
+               None, "vs the plain scan with one jax.debug.callback")]
 
 
 def metrics_rows(b: Bench) -> list[dict]:
@@ -320,9 +339,14 @@ def metrics_rows(b: Bench) -> list[dict]:
     rows.append(_row("7. ... per-step metrics / the floor", us,
                      ratio / floor_ratio, 1.1, "ratio to the floor row"))
     fn = logged(hostcall.progress.scan, file=io.StringIO())
+    us, ratio = b.paired(fn, repeats=repeats)
     rows.append(_row("7. progress bar + per-step metrics (progress.scan)",
-                     *b.paired(fn, repeats=repeats), 1.2,
-                     "chunks of 1% of the loop"))
+                     us, ratio, 1.2, "chunks of 1% of the loop"))
+    _, effectful = b.paired(fn, repeats=repeats,
+                            base_fn=b.effectful_base_fn)
+    rows.append(_row("7. ... progress bar + metrics / effectful dispatch", us,
+                     effectful, None,
+                     "vs the plain scan with one jax.debug.callback"))
     # The barrier waits until every row is written.
     e2e = _median_time(lambda: (fn(X).block_until_ready(), hostcall.barrier()),
                        b.repeats)

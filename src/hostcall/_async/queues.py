@@ -1,0 +1,197 @@
+"""The two queues asynchronous taps go through: the native one (C++,
+``hostcall_queue.cc``, read through ctypes) and the pure-Python fallback,
+both bounded in bytes, both handing items over in the order they came.
+``queue.Consumer`` owns one of them and the thread that delivers."""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import itertools
+import threading
+
+class PythonQueue:
+  """The fallback queue, bounded in bytes like the native one."""
+
+  def __init__(self, capacity: int):
+    self.capacity = capacity
+    self._items: collections.deque = collections.deque()
+    self._bytes = 0
+    self.pushed = 0
+    self.blocked = 0
+    self.trips = 0
+    self._cond = threading.Condition()
+    self.consumer: threading.Thread | None = None
+    self.waiting = 0
+    self._bypass = False
+
+  def become_consumer(self) -> None:
+    self.consumer = threading.current_thread()
+
+  def set_bypass(self, on: bool) -> None:
+    with self._cond:
+      self._bypass = on
+      self._cond.notify_all()
+
+  def set_capacity(self, capacity: int) -> None:
+    with self._cond:
+      self.capacity = capacity
+      self._cond.notify_all()  # a larger bound may let a producer through
+
+  def push(self, site: int, arrays: list) -> None:
+    size = sum(a.nbytes for a in arrays) + 64
+    with self._cond:
+      # The consumer never waits for room only it can free (a host function
+      # running a computation with asynchronous taps).
+      if (self._bytes and self._bytes + size > self.capacity
+          and not self._bypass
+          and threading.current_thread() is not self.consumer):
+        self.blocked += 1
+        self.waiting += 1
+        self._cond.wait_for(
+            lambda: self._bypass or not self._bytes
+            or self._bytes + size <= self.capacity)
+        self.waiting -= 1
+      self._items.append((site, arrays, size))
+      self._bytes += size
+      self.pushed += 1
+      self._cond.notify_all()
+
+  def hurry(self, delta: int) -> None:
+    """Nothing to do: this queue hands over every item at once."""
+
+  def pop_batch(self, timeout: float, gather: float = 0.0) -> list:
+    """``(site, arrays, raw)`` items in queue order (maybe none); this queue
+    does not gather (``gather`` is for the native one)."""
+    with self._cond:
+      if not self._cond.wait_for(lambda: self._items, timeout):
+        return []
+      items = list(self._items)
+      self._items.clear()
+      self.trips += 1
+      self._bytes -= sum(size for _, _, size in items)
+      self._cond.notify_all()
+    return [(site, arrays, None) for site, arrays, _ in items]
+
+  def stats(self) -> dict:
+    with self._cond:
+      return {"pushed": self.pushed, "queued": len(self._items),
+              "queued_bytes": self._bytes, "capacity": self.capacity,
+              "producer_waits": self.blocked, "producers_waiting": self.waiting,
+              "trips": self.trips}
+
+
+class NativeQueue:
+  """The native queue, read in batches through ctypes (which releases the
+  GIL while it waits)."""
+
+  BATCH = 512
+
+  def __init__(self, lib, capacity: int):
+    self.lib = lib
+    self.set_capacity(capacity)
+    self._handles = (ctypes.c_void_p * self.BATCH)()
+    self._describe = (ctypes.c_int64 * 4)()
+    # Arrays queued from Python, by key, until the consumer reaches them.
+    self._held: dict[int, list] = {}
+    self._keys = itertools.count(1)
+
+  def become_consumer(self) -> None:
+    self.lib.held.hostcall_become_consumer()
+
+  def set_bypass(self, on: bool) -> None:
+    self.lib.held.hostcall_set_bypass(int(on))
+
+  def set_capacity(self, capacity: int) -> None:
+    self.lib.hostcall_set_capacity(capacity)
+
+  def push(self, site: int, arrays: list) -> None:
+    key = next(self._keys)
+    self._held[key] = arrays
+    # Through ctypes.CDLL, which releases the GIL while a full queue makes
+    # this producer wait.
+    self.lib.hostcall_push_host(site, key, sum(a.nbytes for a in arrays))
+
+  def hurry(self, delta: int) -> None:
+    """A thread starts (+1) or stops (-1) waiting for delivery: while one
+    waits, items are taken without gathering."""
+    self.lib.held.hostcall_hurry(delta)
+
+  def pop_batch(self, timeout: float, gather: float = 0.0) -> list:
+    """``(site, arrays, raw)`` items in queue order (maybe none): ``arrays``
+    for items queued from Python, else ``raw``, the operands' bytes. Once
+    one item is there, waits up to ``gather`` seconds for more to join it,
+    unless someone waits for them (see ``hostcall_pop``)."""
+    lib = self.lib
+    n = lib.hostcall_pop(int(timeout * 1000), self.BATCH,
+                         int(gather * 1e6), self._handles)
+    if not n:
+      return []
+    handles, desc, items = self._handles, self._describe, []
+    kept = []  # large items, handed over as views: freed when they die
+    try:
+      for i in range(n):
+        lib.held.hostcall_describe(handles[i], desc)
+        site, key, address, size = desc[0], desc[1], desc[2], desc[3]
+        if key:
+          items.append((site, self._held.pop(key, None), None))
+          continue
+        if size >= ZERO_COPY_BYTES:
+          kept.append(i)
+          items.append((site, None, _Block.view(lib, handles[i], address,
+                                                size)))
+          continue
+        try:
+          raw = ctypes.string_at(address, size) if size else b""
+        except BaseException as exc:  # noqa: BLE001 - e.g. MemoryError
+          # The item is lost, but said so, counted and released: the
+          # barrier raises instead of waiting for it forever.
+          raw = Unreadable(size, exc)
+        items.append((site, None, raw))
+    finally:
+      # Every popped item gives back its room in the queue, whatever
+      # happened while reading it; copied ones are freed now.
+      lib.held.hostcall_uncount_many(handles, n)
+      for i in range(n):
+        if i not in kept:
+          lib.held.hostcall_free(handles[i])
+    return items
+
+  def stats(self) -> dict:
+    out = (ctypes.c_int64 * 7)()
+    self.lib.held.hostcall_stats(out)
+    return {"pushed": out[0], "queued": out[1], "queued_bytes": out[2],
+            "capacity": out[3], "producer_waits": out[4],
+            "producers_waiting": out[5], "trips": out[6]}
+
+
+#: Items at least this large reach the host function without a copy: its
+#: arrays are views on the queue's block, freed when the last one dies.
+ZERO_COPY_BYTES = 64 << 10
+
+
+class _Block:
+  """Owns a queue block that arrays view; frees it when garbage."""
+
+  __slots__ = ("lib", "handle")
+
+  @classmethod
+  def view(cls, lib, handle, address: int, size: int):
+    owner = cls()
+    owner.lib, owner.handle = lib, handle
+    buffer = (ctypes.c_char * size).from_address(address)
+    buffer._owner = owner  # the views keep the buffer, the buffer the block
+    return buffer
+
+  def __del__(self):
+    try:
+      self.lib.held.hostcall_free(self.handle)
+    except Exception:  # noqa: BLE001 - at interpreter exit: nothing to free
+      pass
+
+
+class Unreadable:
+  """A queued item whose bytes could not be read into Python."""
+
+  def __init__(self, size: int, exc: BaseException):
+    self.size, self.exc = size, exc

@@ -1,0 +1,160 @@
+"""The gather window of asynchronous delivery (``set_gather_window``): taps
+that trickle in are delivered together, and nothing anyone waits for waits
+out the window."""
+
+import io
+import math
+import threading
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax import lax
+
+import hostcall
+from hostcall import host_callback as hcb
+from hostcall._async import queue as asynchronous
+from hostcall._async import queues
+
+native_only = pytest.mark.skipif(
+    not hostcall.queue_stats()["native"],
+    reason="the Python fallback queue hands over every item at once")
+
+# Longer than any test's guard: a rule that failed to end the window would
+# show as a hang caught by the guard, not as a slow pass.
+FOREVER = 3600.0
+
+
+@pytest.fixture
+def window():
+  """Sets the delivery thread's window (bypassing the 1 s bound, to make a
+  missed wake-up a hang) and restores the default after the test."""
+  def set_window(seconds):
+    hostcall.barrier()
+    asynchronous.consumer.gather = seconds
+    # The delivery thread may be in a trip begun with the old window: a
+    # barrier with nothing queued does not end it; one tap does.
+    jax.jit(lambda: hcb.id_tap(lambda *a: None, 0, delivery="async"))()
+    hostcall.barrier()
+  yield set_window
+  set_window(asynchronous.DEFAULT_GATHER)
+
+
+def _in_thread(run, guard=60.0):
+  """Runs ``run()`` in a thread; fails if it has not returned after
+  ``guard`` seconds (a hang), else returns its result."""
+  out, errors = [], []
+
+  def target():
+    try:
+      out.append(run())
+    except BaseException as exc:  # noqa: BLE001 - re-raised below
+      errors.append(exc)
+
+  worker = threading.Thread(target=target, daemon=True)
+  worker.start()
+  worker.join(guard)
+  assert not worker.is_alive(), "still waiting: the window was not ended"
+  if errors:
+    raise errors[0]
+  return out[0]
+
+
+def _tapping_loop(recorder, steps, size=1):
+  return jax.jit(lambda: lax.fori_loop(0, steps, lambda i, c: (hcb.id_tap(
+      recorder, jnp.full((size,), i), delivery="async"), c)[1], 0))
+
+
+@native_only
+def test_taps_that_trickle_in_are_delivered_in_one_trip(window, recorder):
+  window(FOREVER)
+  trips = hostcall.queue_stats()["trips"]
+  _tapping_loop(recorder, 200)().block_until_ready()
+  _in_thread(hostcall.barrier)  # the barrier ends the window
+  assert [v[0] for v in recorder.values] == list(range(200))
+  assert hostcall.queue_stats()["trips"] == trips + 1
+
+
+@native_only
+def test_a_full_queue_ends_the_window(window, recorder):
+  window(FOREVER)
+  hostcall.set_queue_capacity(1 << 16)
+  try:
+    # 400 KiB through a 64 KiB queue: the device goes on only as the
+    # delivery thread takes what the queue holds, without a barrier.
+    _in_thread(lambda: _tapping_loop(recorder, 400, size=256)()
+               .block_until_ready())
+    hostcall.barrier()
+  finally:
+    hostcall.set_queue_capacity(asynchronous.DEFAULT_CAPACITY)
+  assert [v[0] for v in recorder.values] == list(range(400))
+
+
+@native_only
+def test_a_full_batch_ends_the_window(window, recorder):
+  window(FOREVER)
+  trips = hostcall.queue_stats()["trips"]
+  _tapping_loop(recorder, 3 * queues.NativeQueue.BATCH + 5)()
+  # Whole batches go without a barrier; only the last five wait for one.
+  _in_thread(lambda: _wait_until(
+      lambda: len(recorder.calls) >= 3 * queues.NativeQueue.BATCH))
+  assert len(recorder.calls) == 3 * queues.NativeQueue.BATCH
+  hostcall.barrier()
+  assert [v[0] for v in recorder.values] == list(
+      range(3 * queues.NativeQueue.BATCH + 5))
+  assert hostcall.queue_stats()["trips"] == trips + 4
+
+
+def _wait_until(condition):
+  event = threading.Event()
+  while not condition():
+    event.wait(0.005)
+  return True
+
+
+@native_only
+def test_a_steered_loop_with_a_predicate_does_not_wait_out_the_window(
+    window):
+  window(FOREVER)
+  seen = []
+
+  def stop_when(status):
+    seen.append(status.steps)
+    return status.steps >= 300
+
+  # Each check waits for the predicate to see the chunk before: a tick
+  # left gathering would hold every check.
+  run = jax.jit(lambda x: hostcall.progress.scan(
+      lambda c, _: (c * 1.0001, None), x, length=2000, every=100,
+      stop_when=stop_when, file=io.StringIO()))
+  out = _in_thread(lambda: run(jnp.float32(1.0)))
+  hostcall.barrier()
+  assert bool(out.stopped) and int(out.steps) in (300, 400)
+  assert seen[:3] == [100, 200, 300]
+
+
+def test_taps_are_delivered_in_order_with_no_window(window, recorder):
+  window(0.0)
+  _tapping_loop(recorder, 300)()
+  hostcall.barrier()
+  assert [v[0] for v in recorder.values] == list(range(300))
+
+
+@pytest.mark.parametrize("given", [-0.001, 1.5, math.nan, math.inf, "5ms",
+                                   None, True, [0.005]])
+def test_the_window_is_seconds_from_0_to_1(given):
+  with pytest.raises(ValueError, match=r"the gather window is a number of "
+                     r"seconds from 0 to 1\.0; got .*\. The default is "
+                     r"0\.005\."):
+    hostcall.set_gather_window(given)
+  assert asynchronous.consumer.gather == asynchronous.DEFAULT_GATHER
+
+
+def test_the_window_takes_any_real_number_of_seconds():
+  import numpy as np
+  try:
+    for given in (0, 1, 0.02, np.float32(0.25), np.int64(0)):
+      hostcall.set_gather_window(given)
+      assert asynchronous.consumer.gather == float(given)
+  finally:
+    hostcall.set_gather_window(asynchronous.DEFAULT_GATHER)
