@@ -15,6 +15,7 @@ import hostcall
 from hostcall import host_callback as hcb
 from hostcall._async import queue as asynchronous
 from hostcall._async import queues
+from tests.test_async import _wait_for
 
 native_only = pytest.mark.skipif(
     not hostcall.queue_stats()["native"],
@@ -96,20 +97,12 @@ def test_a_full_batch_ends_the_window(window, recorder):
   trips = hostcall.queue_stats()["trips"]
   _tapping_loop(recorder, 3 * queues.NativeQueue.BATCH + 5)()
   # Whole batches go without a barrier; only the last five wait for one.
-  _in_thread(lambda: _wait_until(
-      lambda: len(recorder.calls) >= 3 * queues.NativeQueue.BATCH))
+  _wait_for(lambda: len(recorder.calls) >= 3 * queues.NativeQueue.BATCH)
   assert len(recorder.calls) == 3 * queues.NativeQueue.BATCH
   hostcall.barrier()
   assert [v[0] for v in recorder.values] == list(
       range(3 * queues.NativeQueue.BATCH + 5))
   assert hostcall.queue_stats()["trips"] == trips + 4
-
-
-def _wait_until(condition):
-  event = threading.Event()
-  while not condition():
-    event.wait(0.005)
-  return True
 
 
 @native_only

@@ -96,14 +96,14 @@ class _Writers:
   def _waiting_behind(self, run, block):
     """The blocks for ``run`` with ``block``'s columns that wait right
     behind it, their sizes, and the item that stopped them (or None)."""
-    more, sizes = [], 0
+    more, sizes, columns = [], 0, _writers.columns_of(block)
     while len(more) + 1 < self.MERGE_BLOCKS:
       try:
         item = self._queue.get_nowait()
       except queue.Empty:
         return more, sizes, None
       if (item[0] is not run or item[1] is _RESUME
-          or not _writers.same_columns(block, item[1])):
+          or _writers.columns_of(item[1]) != columns):
         return more, sizes, item
       more.append(item[1])
       sizes += item[2]
@@ -115,8 +115,8 @@ class _Writers:
       try:
         joined = _writers.concatenate(blocks)
       except BaseException:  # noqa: BLE001 - e.g. MemoryError: one by one
-        joined = None
-      if joined is not None:
+        pass
+      else:
         run._write(joined, len(blocks))
         return
     for block in blocks:

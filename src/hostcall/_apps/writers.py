@@ -97,17 +97,16 @@ class Block:
     return [dict(zip(names, row)) for row in zip(*lists.values())]
 
 
-def same_columns(first: Block, second: Block) -> bool:
-  """Whether two blocks have the same columns (names, order, dtypes and
-  shapes after the rows), so that one block can hold both."""
-  def columns(block):
+def columns_of(block: Block):
+  """What two blocks must share for one block to hold both: their columns'
+  names, order, dtypes and shapes after the rows (a block whose columns
+  cannot be read gets a value equal to no other)."""
+  try:
     return [(name, np.asarray(c).dtype, np.shape(c)[1:])
             for name, c in {**block.index_columns(),
                             **block.metrics}.items()]
-  try:
-    return columns(first) == columns(second)
   except Exception:  # noqa: BLE001 - whatever cannot be compared is not joined
-    return False
+    return object()
 
 
 def concatenate(blocks: list[Block]) -> Block:

@@ -145,7 +145,6 @@ def _declare(lib) -> None:
   signatures = {
       "hostcall_pop": ([i64, i64, i64, ctypes.POINTER(vp)], i64),
       "hostcall_hurry": ([i64], None),
-      "hostcall_wake_consumer": ([], None),
       "hostcall_uncount_many": ([ctypes.POINTER(vp), i64], None),
       "hostcall_free": ([vp], None),
       "hostcall_describe": ([vp, p64], None),
