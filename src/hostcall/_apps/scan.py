@@ -16,7 +16,6 @@ step's tap payload.
 from __future__ import annotations
 
 import dataclasses
-import sys
 from typing import Any, Callable
 
 import jax
@@ -24,10 +23,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from hostcall._core import errors
+from hostcall._core import calls
 from hostcall._core.collecting import collecting
-from hostcall._core.context import (CallContext, delivering_asynchronously,
-                                    make_context, swap_call_context)
+from hostcall._core.context import (CallContext, make_context,
+                                    swap_call_context)
 from hostcall._core.primitive import bind
 from hostcall._core.targets import TapTarget, target
 
@@ -87,44 +86,47 @@ class FlushTarget(TapTarget):
       tap = (tap_target, buffers[offset:offset + size], tap_context)
       (taps if tap_target.deliver_steps is None else vectorised).append(tap)
       offset += size
-    # The hot loop of loop-buffered delivery: one host function call per tap
-    # per step, as calls.run would make it, without its per-call set-up.
-    # Ctrl-C or sys.exit() in a tap stops a computation that waits for the
-    # chunk; one that does not wait (asynchronous delivery) has gone on, and
-    # the chunk's other taps are delivered as a plain loop's would be.
-    stops = () if delivering_asynchronously() else (KeyboardInterrupt,
-                                                    SystemExit)
+    # One host function call per tap per step, each under its own failure
+    # policy (calls.deliver), as if the loop had called it there: a tap's
+    # failure is postponed and the chunk goes on; a call that fails its
+    # computation (debug and io callbacks, Ctrl-C) stops the chunk at that
+    # step, so no later step's host call runs, as in lax.scan.
     outer = swap_call_context(None)
     try:
       for step in range(n):
         index = lead + (step, Ellipsis)
         for tap_target, tap_buffers, tap_context in taps:
           swap_call_context(tap_context)
-          try:
-            tap_target.deliver([b[index] for b in tap_buffers], tap_context)
-          except stops:
-            raise
-          except BaseException:  # noqa: BLE001 - later taps still run
-            _failed(tap_target)
+          calls.deliver(tap_target, [b[index] for b in tap_buffers],
+                        tap_context)
       # Vectorised taps take the chunk in one call, after the others.
       steps = lead + (slice(0, n), Ellipsis)
       for tap_target, tap_buffers, tap_context in vectorised:
         swap_call_context(tap_context)
-        try:
-          tap_target.deliver_steps([b[steps] for b in tap_buffers], n,
-                                   tap_context)
-        except stops:
-          raise
-        except BaseException:  # noqa: BLE001 - later taps still run
-          _failed(tap_target)
+        calls.deliver(_Steps(tap_target, n),
+                      [b[steps] for b in tap_buffers], tap_context)
     finally:
       swap_call_context(outer)
     return ()
 
 
-def _failed(tap_target) -> None:
-  """Reports the exception being handled, for the next barrier."""
-  errors.postpone(sys.exc_info()[1], f"buffered tap {tap_target!r}")
+class _Steps:
+  """A vectorised tap's ``deliver_steps`` for ``n`` steps, seen by
+  ``calls.deliver`` as one target with the tap's own failure policy."""
+
+  __slots__ = ("target", "n")
+
+  def __init__(self, tap_target, n: int):
+    self.target, self.n = tap_target, n
+
+  def deliver(self, flat_args, context):
+    return self.target.deliver_steps(flat_args, self.n, context)
+
+  def __getattr__(self, name):
+    return getattr(self.target, name)
+
+  def __repr__(self):
+    return repr(self.target)
 
 
 def step_output(out) -> tuple:

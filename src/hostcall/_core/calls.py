@@ -42,6 +42,16 @@ def run_hooks(hooks: Sequence[Callable[[], None]]) -> None:
       logger.exception("hostcall: hook %r raised", hook)
 
 
+class Stopped(Exception):
+  """Carries a failure, already logged and made one the runtime can carry,
+  out of ``deliver`` to ``run``, through any target delivering for others
+  (``hostcall.scan``'s flush), which must not catch or handle it again."""
+
+  def __init__(self, failure: BaseException):
+    super().__init__()
+    self.failure = failure
+
+
 def run(target: HostTarget, flat_args: Sequence[np.ndarray],
         context: CallContext, asynchronous: bool = False) -> tuple:
   """Runs ``target`` for one call reaching the host: from the runtime
@@ -52,29 +62,41 @@ def run(target: HostTarget, flat_args: Sequence[np.ndarray],
     flat_args = [np.array(a) if isinstance(a, np.ndarray) else a
                  for a in flat_args]
   with calling(context, asynchronous):
-    return _deliver(target, flat_args, context)
+    try:
+      return deliver(target, flat_args, context)
+    except Stopped as stopped:
+      failure = stopped.failure
+  # Raised outside the handler, so that no unprintable original rides along
+  # as the context of its stand-in.
+  raise failure
 
 
-def _deliver(target, flat_args, context) -> tuple:
-  failure = None
+def deliver(target: HostTarget, flat_args: Sequence[np.ndarray],
+            context: CallContext) -> tuple:
+  """``target.deliver`` under ``target``'s failure policy, in the call
+  context ``run`` set. A target that delivers for others (the taps of a
+  loop's chunk) calls this for each, so that each fails as it would alone:
+  a postponing one is logged for the barrier and the others go on; one that
+  fails its computation raises ``Stopped``, which passes through to ``run``.
+  """
   try:
     out = target.deliver(flat_args, context)
     return tuple(out) if target.on_error == "fail" else ()
-  except (KeyboardInterrupt, SystemExit) as exc:
+  except Stopped:
+    raise
+  except BaseException as exc:  # noqa: BLE001 - a tap must never kill the run
     if delivering_asynchronously():
+      # The computation has gone on without waiting: nothing left to stop,
+      # Ctrl-C and sys.exit() included; the barrier reports it.
       errors.postpone(exc, f"tap function {target!r}")
       return ()
-    failure = _stop_computation(target, exc)
-  except BaseException as exc:  # noqa: BLE001 - a tap must never kill the run
-    if target.on_error == "fail":
-      failure = _stop_computation(target, exc)
-    else:
-      errors.postpone(exc, f"tap function {target!r}")
-  if failure is not None:
-    # Raised outside the handler, so that no unprintable original rides
-    # along as the context of its stand-in.
-    raise failure
-  return ()
+    if (target.on_error == "fail"
+        or isinstance(exc, (KeyboardInterrupt, SystemExit))):
+      # Ctrl-C or a signal handler's sys.exit() stops a computation that
+      # waits for the host function, whatever the target's policy.
+      raise Stopped(_stop_computation(target, exc)) from None
+    errors.postpone(exc, f"tap function {target!r}")
+    return ()
 
 
 def _stop_computation(target, exc: BaseException) -> BaseException:

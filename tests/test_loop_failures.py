@@ -1,0 +1,101 @@
+"""hostcall's own loops fail as the ``lax.scan`` they replace.
+
+A host function raising at step 3 of 10 is run through ``lax.scan``, and
+through ``hostcall.scan`` (every chunk size) and ``hostcall.progress.scan``
+(plain and steered): the JAX call's outcome, the host calls made (which
+steps, in order) and what the next barrier raises must be the same, for
+every flavour of host call without results and both deliveries.
+"""
+
+import io
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax import lax
+
+import hostcall
+from hostcall import host_callback as hcb
+
+STEPS, FAILING = 10, 3
+
+
+def _flavours(host):
+  return {
+      "debug_callback": lambda x: hostcall.debug_callback(host, x),
+      "debug_callback_ordered": lambda x: hostcall.debug_callback(
+          host, x, ordered=True),
+      "io_callback": lambda x: hostcall.io_callback(host, None, x),
+      "io_callback_ordered": lambda x: hostcall.io_callback(
+          host, None, x, ordered=True),
+      "id_tap": lambda x: hcb.id_tap(lambda v, _: host(v), x),
+  }
+
+
+_LOOPS = {
+    "hostcall.scan every=64": lambda body, xs: hostcall.scan(
+        body, 0, xs, every=64),
+    "hostcall.scan every=2": lambda body, xs: hostcall.scan(
+        body, 0, xs, every=2),
+    "progress.scan": lambda body, xs: hostcall.progress.scan(
+        body, 0, xs, file=io.StringIO()),
+    "steered progress.scan": lambda body, xs: hostcall.progress.scan(
+        body, 0, xs, file=io.StringIO(), time_limit=3600.0).value,
+}
+
+
+def _outcome(loop, flavour, exception, delivery):
+  """What the host saw, how the call ended, what the barrier raised."""
+  seen = []
+
+  def host(x):
+    seen.append(int(x))
+    if int(x) == FAILING:
+      raise exception("boom at step 3")
+
+  tap = _flavours(host)[flavour]
+
+  def body(carry, x):
+    tap(x)
+    return carry + x, None
+
+  try:
+    with hostcall.delivery(delivery):  # the delivery is fixed when traced
+      jax.block_until_ready(jax.jit(lambda xs: loop(body, xs))(
+          jnp.arange(STEPS)))
+    call = "returned"
+  except jax.errors.JaxRuntimeError as exc:
+    assert "boom at step 3" in str(exc)
+    call = "failed"
+  try:
+    hostcall.barrier()
+    barrier = "nothing"
+  except hcb.CallbackException as exc:
+    assert "boom at step 3" in str(exc)
+    barrier = "CallbackException"
+  return seen, call, barrier
+
+
+@pytest.mark.parametrize("delivery", ["sync", "async"])
+@pytest.mark.parametrize("flavour", list(_flavours(None)))
+@pytest.mark.parametrize("loop", list(_LOOPS))
+def test_a_failing_host_call_fails_as_in_lax_scan(loop, flavour, delivery):
+  expected = _outcome(lambda body, xs: lax.scan(body, 0, xs), flavour,
+                      ValueError, delivery)
+  assert _outcome(_LOOPS[loop], flavour, ValueError, delivery) == expected
+  # And what that is, spelled out: a call that fails its computation stops
+  # it at once (no later step reaches the host); a tap, or anything
+  # delivered asynchronously, is reported by the barrier after every step.
+  stops = delivery == "sync" and flavour != "id_tap"
+  assert expected == (
+      (list(range(FAILING + 1)), "failed", "nothing") if stops
+      else (list(range(STEPS)), "returned", "CallbackException"))
+
+
+@pytest.mark.parametrize("loop", list(_LOOPS))
+def test_ctrl_c_in_a_synchronous_tap_stops_the_loop_as_in_lax_scan(loop):
+  expected = _outcome(lambda body, xs: lax.scan(body, 0, xs), "id_tap",
+                      KeyboardInterrupt, "sync")
+  assert expected == (list(range(FAILING + 1)), "failed", "nothing")
+  assert _outcome(_LOOPS[loop], "id_tap", KeyboardInterrupt,
+                  "sync") == expected
