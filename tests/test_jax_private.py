@@ -255,3 +255,14 @@ def test_collective_axis_names_are_those_in_scope():
       jnp.arange(6.0).reshape(2, 3))
   assert set(seen[0]) == {"i", "j"}
   np.testing.assert_array_equal(out, np.full((2, 3), 5.0))
+
+
+def test_runtime_tokens_are_what_wait_for_effects_reads():
+  from jax._src import dispatch
+  tokens = dispatch.runtime_tokens
+  assert isinstance(tokens.current_tokens, dict)
+  assert isinstance(tokens.output_runtime_tokens, dict)
+  jax.jit(lambda x: io_callback(lambda v: v, F32, x, ordered=True))(1.0)
+  assert tokens.current_tokens  # an ordered effect's token is kept
+  _jax_private.wait_for_effects()
+  assert not tokens.current_tokens and not tokens.output_runtime_tokens

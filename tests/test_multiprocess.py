@@ -108,3 +108,41 @@ def test_a_failing_peer_is_reported_and_nothing_hangs(tmp_path):
     proc.kill()
     proc.wait()
     pytest.fail("a process waiting for a missing peer did not give up")
+
+
+STEERING_FAULTS = pathlib.Path(__file__).parent / "multiprocess" / (
+    "steering_faults.py")
+
+
+@pytest.mark.parametrize("fault,loop", [("raise", "scan"), ("raise", "while"),
+                                        ("kill", "scan")])
+def test_a_steered_loop_fails_on_every_process_never_hangs(fault, loop):
+  # Only process 1's host function fails (or process 1 is killed) in a
+  # steered loop whose body communicates across the processes.
+  port = _free_port()
+  procs = [subprocess.Popen(
+      [sys.executable, str(STEERING_FAULTS), str(port), "2", str(i), fault,
+       loop], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+      for i in range(2)]
+  try:
+    outputs = [p.communicate(timeout=120) for p in procs]
+  except subprocess.TimeoutExpired:
+    pytest.fail("a process waited for its failed peer")
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+        p.wait()
+  (out0, err0), (out1, err1) = outputs
+  if fault == "raise":
+    # Process 1 fails with its host function's error; process 0, which
+    # stopped at the same check, with a pointer to it.
+    assert "outcome 1 boom" in out1, err1[-3000:]
+    assert "outcome 0 peer-failed" in out0, err0[-3000:]
+    assert procs[0].returncode == procs[1].returncode == 0
+  else:
+    assert procs[1].returncode == -9
+    # JAX's distributed service ends the survivor once the peer misses its
+    # heartbeats, saying so (hostcall adds no wait of its own).
+    assert procs[0].returncode != 0 and "outcome 0" not in out0
+    assert "another task died" in err0, err0[-3000:]

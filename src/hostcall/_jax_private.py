@@ -346,3 +346,18 @@ def collective_axis_names() -> tuple:
   env = _core.get_axis_env()
   explicit = getattr(env, "explicit_mesh_axis_names", frozenset())
   return tuple(n for n in env.axis_names() if n not in explicit)
+
+
+def wait_for_effects() -> None:
+  """``jax.effects_barrier()``, except that a computation that failed ends
+  its wait like any other. JAX's stops at the first failed computation's
+  token and keeps it, so that every later effects barrier raises that old
+  error again (seen on several devices), and waits for no other token."""
+  tokens = _dispatch.runtime_tokens
+  for token in [*tokens.current_tokens.values(),
+                *tokens.output_runtime_tokens.values()]:
+    try:
+      token.block_until_ready()
+    except jax.errors.JaxRuntimeError:
+      pass  # its error reached whoever waits for its results
+  tokens.clear()

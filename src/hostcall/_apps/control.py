@@ -33,7 +33,7 @@ from jax.extend import core as jex_core
 from hostcall import _jax_private
 from hostcall._apps import bars as _bars
 from hostcall._async import native
-from hostcall._core import errors
+from hostcall._core import calls, errors
 from hostcall._core.targets import hash_key
 
 logger = logging.getLogger("hostcall")
@@ -45,11 +45,15 @@ INTERRUPTED = 1
 TIME_LIMIT = 2
 #: ``Result.reason`` of a loop stopped by its ``stop_when=`` predicate.
 STOP_WHEN = 3
+#: ``Result.reason`` of a loop stopped because a host function it ran failed
+#: (on this device or another): never returned, the loop's call raises that
+#: failure on every device once they have all stopped.
+FAILED = 4
 # How long a check waits for the predicate before going on undecided.
 _PREDICATE_WAIT = 60.0
 
 _REASON_NAMES = {0: None, INTERRUPTED: "interrupted", TIME_LIMIT: "time_limit",
-                 STOP_WHEN: "stop_when"}
+                 STOP_WHEN: "stop_when", FAILED: "failed"}
 
 
 def reason_name(reason) -> str | None:
@@ -141,8 +145,23 @@ class _PythonGroup:
     self.handles = 0
 
 
-class _Controls:
-  """The host side of every steered loop of the process."""
+class _Failure:
+  """A host function's failure contained in a steered loop's group, until
+  the loop has stopped and its ``finish`` raises it."""
+
+  __slots__ = ("exc", "raised", "devices")
+
+  def __init__(self, exc: BaseException, device):
+    self.exc, self.raised = exc, False
+    self.devices = {device}  # where host calls are skipped until it stops
+
+
+class _Controls(calls.Containment):
+  """The host side of every steered loop of the process; also what
+  contains a failure inside one (``calls.Containment``): its devices, and
+  those of other processes, stop at the next check instead of one device
+  leaving its peers waiting in a collective, and the loop's ``finish``
+  raises it on each."""
 
   def __init__(self):
     self._lock = threading.Lock()
@@ -155,13 +174,24 @@ class _Controls:
     self._interrupts = 0                    # the Python handler's count
     self._first_taken = False
     self._previous_handler = None
+    self._device_of: dict[int, Any] = {}    # open handle -> its device
+    self._failures: dict[int, _Failure] = {}  # group -> contained failure
 
   # -- opening and closing -------------------------------------------------
 
-  def open(self, handle: int, stop: Stop) -> None:
+  def open(self, handle: int, stop: Stop, device=None) -> None:
     group_key = _bars.bars.group_of(handle)
     with self._lock:
       group = self._groups.setdefault(group_key, len(self._groups) + 1)
+      self._device_of[handle] = device
+      # A loop opened where a host function already failed (nested in the
+      # failing loop's chunk) stops at its first check too.
+      inherited = next((f for h, d in self._device_of.items()
+                        if d == device and h != handle
+                        for f in [self._failure_of(h)] if f is not None),
+                       None)
+      if inherited is not None:
+        self._failures.setdefault(group, inherited)
     lib = native.load()
     if lib is not None:
       if stop.interruptible:
@@ -188,8 +218,18 @@ class _Controls:
 
   def close(self, handle: int) -> None:
     with self._lock:
-      if self._open.pop(handle, None) is None:
+      found = self._open.pop(handle, None)
+      self._device_of.pop(handle, None)
+      if found is None:
         return
+      group = found[0]
+      if not any(g == group for g, _, _ in self._open.values()):
+        failure = self._failures.pop(group, None)
+        if failure is not None and not failure.raised:
+          # Its computation failed elsewhere before the loop could raise
+          # it: the barrier reports it, it is never lost.
+          errors.postpone(failure.exc, "a host function in a steered loop")
+      self._update_failing()
       self._evaluated.pop(handle, None)
       self._changed.notify_all()
       group = self._python_group_of.pop(handle, None)
@@ -201,6 +241,51 @@ class _Controls:
     lib = native.load()
     if lib is not None:
       lib.held.hostcall_control_close(handle)
+
+  # -- failures: contained, then raised once every device stopped ---------
+
+  def _failure_of(self, handle: int) -> _Failure | None:
+    found = self._open.get(handle)
+    return None if found is None else self._failures.get(found[0])
+
+  def _update_failing(self) -> None:
+    self.failing = frozenset(
+        d for h, d in self._device_of.items()
+        for f in [self._failure_of(h)] if f is not None and d in f.devices)
+
+  def take(self, context, exc: BaseException) -> bool:
+    device = None if context is None else context.device
+    with self._lock:
+      groups = {self._open[h][0] for h, d in self._device_of.items()
+                if d == device and h in self._open}
+      if not groups:
+        return False
+      failure = _Failure(exc, device)
+      for group in groups:
+        self._failures.setdefault(group, failure).devices.add(device)
+      self._update_failing()
+    for group in groups:
+      self.request(group, FAILED)
+    return True
+
+  def finish(self, handle: int, reason: int) -> None:
+    """After a steered loop stopped on a device: raises the failure its
+    group contained, if any (also for a loop that another process's failure
+    stopped)."""
+    with self._lock:
+      failure = self._failure_of(handle)
+      if failure is not None:
+        failure.raised = True
+      # This device has left the loop: a failure after it is not contained.
+      self._device_of.pop(handle, None)
+      self._update_failing()
+    if failure is not None:
+      raise failure.exc
+    if reason == FAILED:
+      raise RuntimeError(
+          "hostcall: a host function failed in another process running this "
+          "steered loop; every process stopped at the same check. Its error "
+          "and traceback are in that process's log.")
 
   def _interruptible_open(self) -> bool:
     return any(s.interruptible for s in self._python.values())
@@ -240,7 +325,9 @@ class _Controls:
       return
     with self._lock:
       state = self._python.get(group)
-      if state is not None and not state.requested:
+      # A failure outranks a reason asked for before it: every process
+      # must learn of it (the checks' pmax carries the highest reason).
+      if state is not None and (not state.requested or reason == FAILED):
         state.requested = reason
       self._changed.notify_all()
 
@@ -315,6 +402,7 @@ class _Controls:
 
 controls = _Controls()
 _bars.bars.end_hooks.append(controls.close)
+calls.set_containment(controls)
 
 
 # --- the device side: the check ----------------------------------------------
@@ -365,11 +453,15 @@ def check(handle, index, after=None) -> jax.Array:
                                 jnp.asarray(index, _INT).reshape(()),
                                 witness(after))
   names = _jax_private.collective_axis_names()
-  if names:
+  if names and jax.process_count() > 1:
     # Inside shard_map or pmap each device asks its own process's host;
-    # the devices of one process agree already, those of other processes
-    # (another host's clock, Ctrl-C, predicate) through this reduction, so
-    # that no device leaves a loop whose collectives its peers still run.
+    # the devices of one process agree already (hostcall_control.cc),
+    # those of other processes (another host's clock, Ctrl-C, predicate,
+    # a contained failure) through this reduction, so that no device
+    # leaves a loop whose collectives its peers still run. In one process
+    # no collective is added: a device that fails outside hostcall's host
+    # functions (an XLA error, JAX's own callbacks) never leaves its peers
+    # waiting in one.
     reason = jax.lax.pmax(reason, names)
   return reason
 

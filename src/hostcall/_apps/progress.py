@@ -85,13 +85,14 @@ class _Open(_BarQuestion):
 
   stop: Any = None  # a hostcall.control Stop: a steered loop
   bufferable = False
+  containable = False  # opens a loop even where a failure is contained
 
   def deliver(self, flat_args, context):
     total = int(np.asarray(flat_args[0]).reshape(-1)[0])
     handle = _bars.bars.open(self.site, context.device,
                              None if total < 0 else total, context)
     if self.stop is not None:
-      _control.controls.open(handle, self.stop)
+      _control.controls.open(handle, self.stop, context.device)
     lanes = tuple(size for _, size in reversed(context.batch_levels))
     return [np.full(lanes, handle, np.int32)]
 
@@ -152,6 +153,19 @@ class _Pace(_BarQuestion):
     steps = _bars.bars.pace(_handle(flat_args[0]), context.device)
     lanes = tuple(size for _, size in reversed(context.batch_levels))
     return [np.full(lanes, steps, np.int32)]
+
+
+@target
+class _Finish(_BarQuestion):
+  """A steered loop has stopped on this device: ``(handle, reason)``;
+  raises the failure its loop contained, if any."""
+
+  containable = False  # raises what was contained
+
+  def deliver(self, flat_args, context):
+    handle, reason = flat_args
+    _control.controls.finish(_handle(handle), _handle(reason))
+    return ()
 
 
 # Device side -----------------------------------------------------------------
@@ -256,6 +270,15 @@ def _close(site, handle, count, results):
        kind="call", delivery="async", ordering="unordered")
 
 
+def _finish(site, handle, reason) -> None:
+  # Synchronous, on every device (one call per device in a global view
+  # too, and no result to share): a failure contained in the loop fails
+  # its computation on each device at this point, so that none waits for
+  # another in a collective.
+  bind([handle, reason], target=_Finish(site), kind="call",
+       ordering="unordered", delivery="sync", partitioned=True)
+
+
 def _check_every(every):
   if every is not None and (not isinstance(every, int) or
                             isinstance(every, bool) or every < 1):
@@ -339,6 +362,8 @@ def scan(f: Callable, init, xs=None, length: int | None = None,
       check=None if stop is None else
       lambda state, index: _control.check(handle, index, after=state))
   (count, carry), ys = out[:2]
+  if stop is not None:
+    _finish(site, handle, out[2])
   _close(site, handle, count, (carry, ys))
   if stop is None:
     return carry, ys
@@ -484,6 +509,8 @@ def _while(cond_fun, body_fun, init_val, total, *, desc, every, unit, leave,
   count, carry, _, reason = lax.while_loop(
       lambda state: cond_fun(state[1]) & (state[3] == 0), chunk,
       (count, init_val, jnp.int32(0), jnp.int32(0)))
+  if stop is not None:
+    _finish(site, handle, reason)
   _close(site, handle, count, carry)
   if stop is None:
     return carry

@@ -40,6 +40,7 @@ namespace {
 
 constexpr int32_t kInterrupted = 1;
 constexpr int32_t kTimeLimit = 2;
+constexpr int32_t kFailed = 4;  // control.FAILED: a contained failure
 
 struct Group {
   int64_t deadline_ns = 0;  // steady clock; 0: no time limit
@@ -182,7 +183,10 @@ void hostcall_control_request(int64_t group, int64_t reason) {
   {
     std::lock_guard<std::mutex> lock(s.mu);
     auto found = s.groups.find(group);
-    if (found != s.groups.end() && !found->second.requested) {
+    // A failure outranks a reason asked for before it: every process must
+    // learn of it (the checks' pmax carries the highest reason).
+    if (found != s.groups.end() &&
+        (!found->second.requested || reason == kFailed)) {
       found->second.requested = static_cast<int32_t>(reason);
     }
   }

@@ -26,6 +26,7 @@ import jax
 import ml_dtypes
 import numpy as np
 
+from hostcall import _jax_private
 from hostcall._async import native, queues
 from hostcall._core import calls, errors
 from hostcall._core.targets import HostTarget
@@ -310,11 +311,11 @@ consumer = Consumer()
 def wait() -> None:
   """Waits for running computations, then for their queued taps, then for
   the taps of computations their host functions ran, and so on."""
-  jax.effects_barrier()
+  _jax_private.wait_for_effects()
   for _ in range(_MAX_BARRIER_ROUNDS):
     target = consumer.pushed()
     consumer.drain(target=target)
-    jax.effects_barrier()  # computations the delivered host functions ran
+    _jax_private.wait_for_effects()  # what the delivered host functions ran
     if consumer.pushed() == target:
       return
 

@@ -8,6 +8,13 @@ postpones (taps) logs it for the next barrier. ``KeyboardInterrupt`` and
 ``SystemExit`` (Ctrl-C, a signal handler's ``sys.exit()``) always stop a
 computation that waits for the host function; one that does not wait (an
 asynchronous delivery) has gone on, so they are postponed like any failure.
+
+A failure that would stop one device while its peers run on into a
+collective (a steered loop's stop check agrees across devices and
+processes) may be *contained* instead: the application that owns the loop
+(``set_containment``) takes it, the call returns zeros, the device's later
+host calls are skipped, every device stops at the loop's next check, and the
+failure is raised on each of them then.
 """
 
 from __future__ import annotations
@@ -52,11 +59,45 @@ class Stopped(Exception):
     self.failure = failure
 
 
+class Contained(Exception):
+  """A failure a containment took, on its way out of ``deliver`` to
+  ``run``, which answers the computation with zeros."""
+
+
+class Containment:
+  """What may hold back a failure of a synchronous call (see the module's
+  docstring). ``failing`` holds the devices whose host calls are skipped
+  now (read on every call: a plain attribute, usually empty)."""
+
+  failing: frozenset = frozenset()
+
+  def take(self, context: CallContext, exc: BaseException) -> bool:
+    """Whether the failure ``exc`` of a call of ``context.device`` is held
+    back, to be raised later on every device."""
+    raise NotImplementedError
+
+
+_containment: Containment | None = None
+
+
+def set_containment(containment: Containment) -> None:
+  """Installs the application that may contain failures (one: the steered
+  loops of ``hostcall.control``)."""
+  global _containment
+  _containment = containment
+
+
 def run(target: HostTarget, flat_args: Sequence[np.ndarray],
-        context: CallContext, asynchronous: bool = False) -> tuple:
+        context: CallContext, asynchronous: bool = False,
+        result_avals: Sequence = ()) -> tuple:
   """Runs ``target`` for one call reaching the host: from the runtime
-  (synchronous delivery), or from the queue's consumer thread."""
+  (synchronous delivery), or from the queue's consumer thread.
+  ``result_avals``: what the computation expects back, for a call whose
+  failure is contained or that is skipped."""
   if not asynchronous:
+    if (_containment is not None and _containment.failing
+        and target.containable and context.device in _containment.failing):
+      return _zeros(result_avals)  # its loop stops at the next check
     # The runtime lends us views of device buffers that it reuses once we
     # return; a host function that keeps its argument must keep a copy.
     flat_args = [np.array(a) if isinstance(a, np.ndarray) else a
@@ -66,6 +107,8 @@ def run(target: HostTarget, flat_args: Sequence[np.ndarray],
       return deliver(target, flat_args, context)
     except Stopped as stopped:
       failure = stopped.failure
+    except Contained:
+      return _zeros(result_avals)
   # Raised outside the handler, so that no unprintable original rides along
   # as the context of its stand-in.
   raise failure
@@ -82,7 +125,7 @@ def deliver(target: HostTarget, flat_args: Sequence[np.ndarray],
   try:
     out = target.deliver(flat_args, context)
     return tuple(out) if target.on_error == "fail" else ()
-  except Stopped:
+  except (Stopped, Contained):
     raise
   except BaseException as exc:  # noqa: BLE001 - a tap must never kill the run
     if delivering_asynchronously():
@@ -94,13 +137,22 @@ def deliver(target: HostTarget, flat_args: Sequence[np.ndarray],
         or isinstance(exc, (KeyboardInterrupt, SystemExit))):
       # Ctrl-C or a signal handler's sys.exit() stops a computation that
       # waits for the host function, whatever the target's policy.
+      if (_containment is not None and target.containable
+          and _containment.take(context, exc)):
+        errors.log_failure(target.label, exc, target.jax_name)
+        raise Contained() from None
       raise Stopped(_stop_computation(target, exc)) from None
     errors.postpone(exc, f"tap function {target!r}")
     return ()
 
 
+def _zeros(result_avals) -> tuple:
+  return tuple(np.zeros(a.shape, a.dtype) for a in result_avals)
+
+
 def _stop_computation(target, exc: BaseException) -> BaseException:
   """Logs ``exc`` and returns what to raise into the runtime for it."""
-  errors.log_failure(target.label, exc, target.jax_name)
+  if target.containable:  # else: a contained failure, logged when it came
+    errors.log_failure(target.label, exc, target.jax_name)
   run_hooks(_abort_hooks)
   return errors.for_runtime(exc, target.label)

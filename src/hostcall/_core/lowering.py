@@ -101,15 +101,16 @@ def lower(ctx, *args, target, transforms, kind, result_avals, ordering,
   return passed_through if kind == "tap" else list(results)
 
 
-def _sync_callback(target, contexts):
+def _sync_callback(target, contexts, result_avals):
   """The runtime callback of a synchronous call site."""
   if isinstance(contexts, list):  # shard_map: the last operand names the
     def callback(*flat):          # calling device
       *flat, partition = flat
-      return calls.run(target, flat, contexts[int(partition)])
+      return calls.run(target, flat, contexts[int(partition)],
+                       result_avals=result_avals)
   else:
     def callback(*flat):
-      return calls.run(target, flat, contexts)
+      return calls.run(target, flat, contexts, result_avals=result_avals)
   return callback
 
 
@@ -118,10 +119,11 @@ def emit_sync(ctx, target, contexts, token, operands, operand_avals,
   """Emits a call that runs the host function while the computation waits;
   returns ``(results, token)``."""
   call_ctx = ctx.replace(avals_in=operand_avals, avals_out=list(result_avals))
+  callback = _sync_callback(target, contexts, tuple(result_avals))
   results, token, _ = _jax_private.emit_python_callback(
-      call_ctx, _sync_callback(target, contexts), token, operands,
-      operand_avals, list(result_avals), has_side_effect=has_side_effect,
-      returns_token=token is not None, sharding=op_sharding)
+      call_ctx, callback, token, operands, operand_avals, list(result_avals),
+      has_side_effect=has_side_effect, returns_token=token is not None,
+      sharding=op_sharding)
   return results, token
 
 

@@ -55,6 +55,12 @@ class HostTarget:
   #: calling thread (JAX's debug callbacks) rather than from a compiled call.
   inline_outside_jit: bool = False
 
+  #: Whether a failure of this call may be contained (see
+  #: ``calls.set_containment``): held back while the loop that runs it
+  #: stops on every device and process, then raised there. False for the
+  #: steering's own calls, which raise contained failures and open loops.
+  containable: bool = True
+
   #: How ``jax.checkpoint`` treats the call: ``"tap"`` (runs again where its
   #: inputs are rematerialised, as the legacy module documented),
   #: ``"debug"`` (exactly as ``jax.debug.callback`` under every policy) or
