@@ -138,6 +138,54 @@ def test_set_sharding_takes_the_module_context_or_not():
       "module_context", "op", "sharding"]
 
 
+def test_keep_with_executable_lives_and_dies_with_the_executable():
+  import gc
+  import weakref
+  from jax.extend.core import Primitive
+
+  class Kept:
+    def __call__(self, *args):
+      raise AssertionError("never called")
+
+  kept = []
+  probe = Primitive("hostcall_test_keep_with_executable")
+  probe.def_abstract_eval(lambda x: x)
+
+  def lower(ctx, x):
+    obj = Kept()
+    kept.append(weakref.ref(obj))
+    _jax_private.keep_with_executable(ctx, obj)
+    return [x]
+
+  _jax_private.register_lowering(probe, lower)
+  f = jax.jit(lambda x: probe.bind(x) + 1.0)
+  assert float(f(1.0)) == 2.0
+  gc.collect()
+  assert len(kept) == 1 and kept[0]() is not None  # owned by the executable
+  del f
+  jax.clear_caches()
+  gc.collect()
+  assert kept[0]() is None  # and released with it
+
+
+def test_cache_weakly_makes_jaxs_parameter_caches_hold_weakly():
+  import gc
+  import weakref
+  from jax._src import util
+
+  class Key:
+    pass
+
+  _jax_private.cache_weakly(Key)
+  cached = util.multi_weakref_lru_cache(lambda key, n: n + 1)
+  key = Key()
+  assert cached(key, 1) == 2 and cached(key, 1) == 2
+  ref = weakref.ref(key)
+  del key
+  gc.collect()
+  assert ref() is None
+
+
 def test_abstract_token_is_the_aval_of_a_token():
   jaxpr = jax.make_jaxpr(lambda: jax.lax.create_token())()
   assert jaxpr.out_avals[0] == _jax_private.abstract_token

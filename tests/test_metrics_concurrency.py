@@ -172,9 +172,15 @@ class _FakeRun:
 
   def __init__(self):
     self.got = []
+    self._tally = self  # what the writer thread reports written puts to
+    self.written = 0
+
+  def add(self, count):
+    self.written += count
 
   def _write(self, block, count=1):
     self.got.append((None if block is None else block.step.tolist(), count))
+    return 0 if block is None else count
 
 
 def _block(*steps, name="v"):
@@ -207,6 +213,7 @@ def test_the_writer_thread_joins_only_neighbours_it_may_and_loses_none():
   assert a.got == [([0], 1), (None, 1), ([1, 2, 3], 2), ([5], 1),
                    ([6, 7], 2)]
   assert b.got == [([4], 1)]
+  assert (a.written, b.written) == (6, 1)  # each put counted once
 
 
 def test_blocks_that_cannot_be_joined_are_written_one_by_one(monkeypatch):
@@ -219,3 +226,4 @@ def test_blocks_that_cannot_be_joined_are_written_one_by_one(monkeypatch):
       [(run, _block(0), 8), (run, _block(1), 8), (run, _block(2), 8)])
   # Each block is written once, in order, and counted once.
   assert run.got == [([0], 1), ([1], 1), ([2], 1)]
+  assert run.written == 3

@@ -33,6 +33,7 @@ from jax._src import literals as _literals
 from jax._src import named_sharding as _named_sharding
 from jax._src import sharding_impls as _sharding_impls
 from jax._src import traceback_util as _traceback_util
+from jax._src import util as _util
 from jax._src.interpreters import batching as _batching
 from jax._src.interpreters import mlir as _private_mlir
 from jax._src.interpreters import partial_eval as _pe
@@ -197,6 +198,29 @@ def set_sharding(module_context, op, sharding) -> None:
     _private_mlir.set_sharding(module_context, op, sharding)
   else:
     _private_mlir.set_sharding(op, sharding)
+
+def cache_weakly(cls: type) -> None:
+  """Makes JAX's caches keyed by a primitive's parameters (its abstract
+  evaluation's, eager dispatch's: ``util.multi_weakref_lru_cache``) hold
+  instances of exactly ``cls`` weakly, as they hold jaxprs: an entry then
+  goes with its key instead of keeping it (and what it refers to) alive
+  for the next 2,048 entries. Before JAX 0.7, no such caches: nothing to
+  do."""
+  types = getattr(_util, "weakref_cache_key_types", None)
+  if types is not None:
+    types.add(cls)
+
+
+def keep_with_executable(ctx, obj) -> None:
+  """Makes the executable compiled from the module being lowered own
+  ``obj`` (a callable) for as long as it lives, running computations
+  included: JAX's executables own the Python callbacks registered with
+  their module (``host_callbacks``, which also keeps the persistent
+  compilation cache away from them), and release them with themselves.
+  ``keepalives`` would not do: JAX's dispatch fast path keeps only the
+  compiled executable."""
+  ctx.module_context.add_host_callback(obj)
+
 
 #: The token aval, compared by identity when lowering custom calls.
 abstract_token = _core.abstract_token

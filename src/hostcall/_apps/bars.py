@@ -102,6 +102,11 @@ class Bars:
   """Every progress bar of this process; thread-safe (devices call from their
   own threads)."""
 
+  #: Bars kept findable after their invocation, for devices that open them
+  #: late (the newest; older ones are forgotten, so the registry stays flat
+  #: over any number of invocations).
+  KEPT_BARS = 1024
+
   def __init__(self):
     self._lock = threading.RLock()
     self._specs: dict[BarSpec, int] = {}
@@ -143,7 +148,7 @@ class Bars:
         bar = self._bars.get((site, index))
         if bar is None:
           bar = self._bars[(site, index)] = _Bar(spec, total)
-          while len(self._bars) > 1024:
+          while len(self._bars) > self.KEPT_BARS:
             self._bars.popitem(last=False)
         if bar.is_open:
           bar.counts[device] = 0

@@ -19,6 +19,7 @@ Every device running one invocation stops after the same check (see
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import signal
 import threading
@@ -167,8 +168,13 @@ class _Controls(calls.Containment):
     self._lock = threading.Lock()
     self._changed = threading.Condition(self._lock)
     self._evaluated: dict[int, int] = {}    # handle -> ticks seen (Python)
-    self._groups: dict[tuple, int] = {}     # (site, index) -> group id
+    # (site, index) -> [group id, handles open]: an invocation's devices
+    # share a group while any of them runs it (as the native state does,
+    # which forgets a group with its last handle).
+    self._groups: dict[tuple, list] = {}
+    self._group_ids = itertools.count(1)
     self._open: dict[int, tuple] = {}       # handle -> (group, stop, opened)
+    self._key_of: dict[int, tuple] = {}     # handle -> its (site, index)
     self._python: dict[int, _PythonGroup] = {}
     self._python_group_of: dict[int, int] = {}
     self._interrupts = 0                    # the Python handler's count
@@ -182,7 +188,12 @@ class _Controls(calls.Containment):
   def open(self, handle: int, stop: Stop, device=None) -> None:
     group_key = _bars.bars.group_of(handle)
     with self._lock:
-      group = self._groups.setdefault(group_key, len(self._groups) + 1)
+      member = self._groups.get(group_key)
+      if member is None:
+        member = self._groups[group_key] = [next(self._group_ids), 0]
+      member[1] += 1
+      self._key_of[handle] = group_key
+      group = member[0]
       self._device_of[handle] = device
       # A loop opened where a host function already failed (nested in the
       # failing loop's chunk) stops at its first check too.
@@ -218,6 +229,12 @@ class _Controls(calls.Containment):
 
   def close(self, handle: int) -> None:
     with self._lock:
+      if handle in self._key_of:
+        group_key = self._key_of.pop(handle)
+        member = self._groups[group_key]
+        member[1] -= 1
+        if not member[1]:
+          del self._groups[group_key]
       found = self._open.pop(handle, None)
       self._device_of.pop(handle, None)
       if found is None:

@@ -172,8 +172,8 @@ class Run:
     self._successor: Run | None = None
     self._next_step = 0
     self._lock = threading.Lock()
-    self._written = threading.Condition(self._lock)
-    self._put_count = self._done_count = 0
+    self._put_count = 0
+    self._tally = _Tally(self._lock)
     self._closed = False
     self.writers: list = []
     # The writer thread writes this run's blocks once its writers are open
@@ -376,41 +376,55 @@ class Run:
           "Open a new Run (or close this one after the last log).")
     _writer_thread.put(run, block)
 
-  def _write(self, block, count: int = 1) -> None:
-    """Writes ``block``, the rows of ``count`` puts (in the writer thread).
-    Blocks that come before the run's writers are open (the replaced run
-    still writing its last rows) wait, in order, for ``_RESUME``."""
+  def _write(self, block, count: int = 1) -> int:
+    """Writes ``block``, the rows of ``count`` puts (in the writer thread);
+    returns how many puts are written now, for the writer thread to add to
+    ``_tally``. Blocks that come before the run's writers are open (the
+    replaced run still writing its last rows) wait, in order, for
+    ``_RESUME``."""
     if block is _RESUME:
       parked, self._parked = self._parked, []
-      for waiting in parked:
-        self._write_now(*waiting)
-      return
+      return sum(self._write_now(*waiting) for waiting in parked)
     if not self._ready.is_set() or self._parked:
       self._parked.append((block, count))
-      return
-    self._write_now(block, count)
+      return 0
+    return self._write_now(block, count)
 
-  def _write_now(self, block, count: int = 1) -> None:
-    try:
-      for writer in self.writers:
-        try:
-          writer.write(block)
-        except BaseException as exc:  # noqa: BLE001 - others still write
-          errors.postpone(exc, f"metrics writer {writer!r}")
-    finally:
-      with self._written:
-        self._done_count += count
-        self._written.notify_all()
+  def _write_now(self, block, count: int = 1) -> int:
+    for writer in self.writers:
+      try:
+        writer.write(block)
+      except BaseException as exc:  # noqa: BLE001 - others still write
+        errors.postpone(exc, f"metrics writer {writer!r}")
+    return count
 
   def _drain(self) -> None:
-    with self._written:
+    tally = self._tally
+    with tally.changed:
       target = self._put_count
-      self._written.wait_for(lambda: self._done_count >= target)
+      tally.changed.wait_for(lambda: tally.written >= target)
     for writer in self.writers:
       try:
         writer.flush()
       except BaseException as exc:  # noqa: BLE001
         errors.postpone(exc, f"flushing metrics writer {writer!r}")
+
+
+class _Tally:
+  """How many of a run's puts are written. The writer thread counts them
+  here after letting go of the run, so that a run closed and dropped by its
+  owner is released by the time ``close()`` returns."""
+
+  __slots__ = ("changed", "written")
+
+  def __init__(self, lock):
+    self.changed = threading.Condition(lock)  # the run's lock
+    self.written = 0
+
+  def add(self, count: int) -> None:
+    with self.changed:
+      self.written += count
+      self.changed.notify_all()
 
 
 @functools.cache

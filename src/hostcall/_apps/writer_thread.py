@@ -83,14 +83,20 @@ class _Writers:
         more, more_sizes, following = self._waiting_behind(run, block)
         blocks += more
         sizes += more_sizes
+      count = len(blocks)
+      tally, written = run._tally, 0
       try:
-        self._write(run, blocks)
+        written = self._write(run, blocks)
       except BaseException:  # noqa: BLE001 - the writer thread never dies
         logger.exception("hostcall: metrics writing failed")
       finally:
+        # Let go of the run before saying its rows are written: a run
+        # closed and dropped by its owner is released with its rows.
+        run = block = blocks = None
+        tally.add(written)
         with self._lock:
           self._pending_bytes -= sizes
-          self._pending_blocks -= len(blocks)
+          self._pending_blocks -= count
           self._room.notify_all()
 
   def _waiting_behind(self, run, block):
@@ -110,17 +116,16 @@ class _Writers:
     return more, sizes, None
 
   @staticmethod
-  def _write(run, blocks) -> None:
+  def _write(run, blocks) -> int:
+    """Hands ``blocks`` to ``run``; returns how many puts it wrote now."""
     if len(blocks) > 1:
       try:
         joined = _writers.concatenate(blocks)
       except BaseException:  # noqa: BLE001 - e.g. MemoryError: one by one
         pass
       else:
-        run._write(joined, len(blocks))
-        return
-    for block in blocks:
-      run._write(block)
+        return run._write(joined, len(blocks))
+    return sum(run._write(block) for block in blocks)
 
 
 _writer_thread = _Writers()

@@ -33,6 +33,9 @@ def emit(ctx, target: HostTarget, contexts, token, operands, operand_avals,
     return _emit_python_push(ctx, queue.sites.add(target, contexts), token,
                              operands, operand_avals, op_sharding)
   site = queue.sites.add(target, contexts, layouts)
+  # The custom call names the site by number only: the executable owns what
+  # keeps it registered, and releases it with itself.
+  _jax_private.keep_with_executable(ctx, site)
   if token is not None:
     name = "hostcall_enqueue_ordered"
     operands = [token, *operands]
@@ -42,17 +45,18 @@ def emit(ctx, target: HostTarget, contexts, token, operands, operand_avals,
     name, avals_in, avals_out = "hostcall_enqueue", operand_avals, []
   op = jax.ffi.build_ffi_lowering_function(name, has_side_effect=True)(
       ctx.replace(avals_in=avals_in, avals_out=avals_out), *operands,
-      site=np.int64(site),
+      site=np.int64(site.site),
       nbytes=np.array([layout.nbytes for layout in layouts], np.int64))
   if op_sharding is not None:
     _jax_private.set_sharding(ctx.module_context, op, op_sharding)
   return op.results[0] if token is not None else None
 
 
-def push_callback(site: int):
-  """A runtime callback that queues copies of its operands for ``site``."""
+def push_callback(site: queue.SiteRef):
+  """A runtime callback that queues copies of its operands for ``site``
+  (JAX's executable owns the callback, so the callback owns the site)."""
   def callback(*flat):
-    queue.consumer.push(site, list(flat))
+    queue.consumer.push(site.site, list(flat))
     return ()
   return callback
 

@@ -13,6 +13,7 @@ the same before the interpreter exits.
 from __future__ import annotations
 
 import atexit
+import collections
 import itertools
 import logging
 import math
@@ -21,6 +22,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 
 import jax
 import ml_dtypes
@@ -103,27 +105,90 @@ def layouts_of(avals) -> tuple[Layout, ...] | None:
     return None
 
 
+class SiteRef:
+  """What keeps a call site registered: owned by the executable its program
+  was compiled into (``_jax_private.keep_with_executable``, or the push
+  callback that closes over it), so that the site, and the host function
+  with all it closes over, is released when that executable is."""
+
+  __slots__ = ("site", "__weakref__")
+
+  def __init__(self, site: int):
+    self.site = site
+
+  def __call__(self, *args):
+    # Registered as a host callback only to be owned; nothing calls it.
+    raise RuntimeError("hostcall: a call site's keepalive was called")
+
+
 class _Sites:
   """Call sites by id: what to deliver a queued item to, and how to read it.
 
   ``contexts`` is one ``CallContext``, a list of them indexed by the
   device's partition id (the last operand), or a function of the operands
   returning ``(arrays, context)`` (a partitioned call).
+
+  A site lives as long as its ``SiteRef`` and then until every tap queued
+  before that was delivered: its executable is gone (no new taps can come),
+  but taps it queued may still wait for the consumer.
   """
 
   def __init__(self):
     self._ids = itertools.count(1)
     self._sites: dict[int, tuple] = {}
     self._lock = threading.Lock()
+    # Sites whose SiteRef died. Appended by the garbage collector's
+    # callback, in whatever thread it runs, maybe one holding ``_lock``:
+    # a deque's append takes no lock of ours.
+    self._retired: collections.deque = collections.deque()
+    # (site, taps pushed when it was seen retired): dropped once as many
+    # are delivered, the queue being first in, first out.
+    self._draining: list[tuple[int, int]] = []
 
-  def add(self, target: HostTarget, contexts, layouts=None) -> int:
+  def add(self, target: HostTarget, contexts, layouts=None) -> SiteRef:
+    ref = SiteRef(next(self._ids))
     with self._lock:
-      site = next(self._ids)
-      self._sites[site] = (target, contexts, layouts)
-    return site
+      self._sites[ref.site] = (target, contexts, layouts)
+    finalizer = weakref.finalize(ref, self._retired.append, ref.site)
+    finalizer.atexit = False  # at exit, nothing to release
+    return ref
 
   def get(self, site: int):
-    return self._sites[site]
+    try:
+      return self._sites[site]
+    except KeyError:
+      raise RuntimeError(
+          f"hostcall: a queued tap names call site {site}, which is no "
+          "longer registered (the executable that queued it was released "
+          "before the tap was counted); the tap was dropped.") from None
+
+  def prune(self, pushed, delivered: int) -> None:
+    """Forgets retired sites whose queued taps are all delivered.
+
+    ``pushed()`` counts the taps queued so far: read after taking the
+    retirements, it counts every tap of those sites (a retired site queues
+    no more). ``delivered``: taps delivered so far (read earlier is only
+    more cautious).
+    """
+    if not self._retired and not self._draining:
+      return
+    with self._lock:
+      if self._retired:
+        seen = []
+        while self._retired:
+          seen.append(self._retired.popleft())
+        mark = pushed()
+        self._draining.extend((site, mark) for site in seen)
+      keep = []
+      for site, mark in self._draining:
+        if delivered >= mark:
+          self._sites.pop(site, None)
+        else:
+          keep.append((site, mark))
+      self._draining = keep
+
+  def __len__(self) -> int:
+    return len(self._sites)
 
 
 sites = _Sites()
@@ -215,13 +280,19 @@ class Consumer:
         logger.exception("hostcall: the asynchronous queue failed")
         time.sleep(0.01)
         continue
-      for item in batch:
+      # Each item let go of before it counts as delivered: whoever waits
+      # for it (a barrier) finds its values (maybe large) released.
+      batch.reverse()
+      while batch:
+        item = batch.pop()
+        site = item[0]
         self._delivering = True
         try:
           self._deliver(*item)
         except BaseException as exc:  # noqa: BLE001 - the consumer never dies
-          errors.postpone(exc, f"delivering a queued call of site {item[0]}")
+          errors.postpone(exc, f"delivering a queued call of site {site}")
         finally:
+          item = None
           self._delivering = False
           if self._bypassing:
             self._bypassing = False
@@ -229,6 +300,10 @@ class Consumer:
           with self._done:
             self._delivered += 1
             self._done.notify_all()
+      try:
+        self.prune()
+      except BaseException:  # noqa: BLE001 - the consumer never dies
+        logger.exception("hostcall: releasing call sites failed")
 
   def _watch(self) -> None:
     """Lets producers through a full queue while the consumer's host
@@ -280,6 +355,11 @@ class Consumer:
       context = contexts
     calls.run(target, arrays, context, asynchronous=True)
 
+  def prune(self) -> None:
+    """Forgets the call sites whose executables are gone and whose queued
+    taps are all delivered (see ``_Sites``)."""
+    sites.prune(self.pushed, self._delivered)
+
   def stats(self) -> dict:
     stats = self.start().stats()
     with self._done:
@@ -317,6 +397,7 @@ def wait() -> None:
     consumer.drain(target=target)
     _jax_private.wait_for_effects()  # what the delivered host functions ran
     if consumer.pushed() == target:
+      consumer.prune()  # what the barrier saw delivered is released now
       return
 
 

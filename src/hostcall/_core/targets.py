@@ -25,6 +25,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from hostcall import _jax_private
 from hostcall._core.context import CallContext
 
 #: Declares a target class: a frozen dataclass, compared by its fields (a
@@ -75,6 +76,12 @@ class HostTarget:
   #: The JAX function this call site stands in for, named in failure logs
   #: with JAX's own words ("jax.pure_callback failed"); None if none.
   jax_name: str | None = None
+
+  def __init_subclass__(cls, **kwargs):
+    super().__init_subclass__(**kwargs)
+    # A target is a primitive parameter: JAX's caches of those must not
+    # keep its host function alive once the programs that call it are gone.
+    _jax_private.cache_weakly(cls)
 
   def deliver(self, flat_args: Sequence[np.ndarray],
               context: CallContext) -> Sequence[Any]:
