@@ -2,6 +2,7 @@
 process's host functions receive exactly its local devices' data."""
 
 import json
+import os
 import pathlib
 import socket
 import subprocess
@@ -146,3 +147,82 @@ def test_a_steered_loop_fails_on_every_process_never_hangs(fault, loop):
     # heartbeats, saying so (hostcall adds no wait of its own).
     assert procs[0].returncode != 0 and "outcome 0" not in out0
     assert "another task died" in err0, err0[-3000:]
+
+
+ASYNC_FAULTS = pathlib.Path(__file__).parent / "multiprocess" / (
+    "async_faults.py")
+
+
+def _launch_async_faults(tmp_path, mode, queue0="native"):
+  """Both processes of async_faults.py, process 0 on ``queue0``, process 1
+  on the other queue."""
+  port = _free_port()
+  native = ["1", "0"] if queue0 == "native" else ["0", "1"]
+  procs = [subprocess.Popen(
+      [sys.executable, str(ASYNC_FAULTS), str(port), "2", str(i), mode,
+       str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+      text=True, env=dict(os.environ, HOSTCALL_NATIVE=native[i]))
+      for i in range(2)]
+  try:
+    outputs = [p.communicate(timeout=120) for p in procs]
+  except subprocess.TimeoutExpired:
+    pytest.fail("a process waited for its failed peer")
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+        p.wait()
+  return procs, outputs
+
+
+def test_an_asynchronous_tap_raising_in_one_process_is_reported_there(
+    tmp_path):
+  # Process 0 on the native queue, process 1 on the Python one; each
+  # process fails in one run and watches its peer fail in the other, so
+  # each queue plays each part.
+  procs, outputs = _launch_async_faults(tmp_path, "raise")
+  for i, (p, (out, err)) in enumerate(zip(procs, outputs)):
+    assert p.returncode == 0, f"process {i}:\n{err[-4000:]}"
+    assert f"process {i} done" in out
+  for process in range(2):
+    runs = [json.loads(line) for line in
+            (tmp_path / f"faults-{process}.jsonl").read_text().splitlines()]
+    assert [r["failing_process"] for r in runs] == [1, 0]
+    for run in runs:
+      assert run["native"] is (process == 0)
+      # Every tap of each local device arrived, in order, the failing
+      # device's later ones too; the loop's psum ran every step.
+      local = [2 * process, 2 * process + 1]
+      assert run["seen"] == {str(d): list(range(12)) for d in local}
+      # c' = mean(c) + v, from 0, 12 steps: 11 * 1.5 + v.
+      assert run["carry"] == [16.5 + 2 * process]
+      if run["failing_process"] == process:
+        # Its own barrier raises the failure, once.
+        assert (f"ValueError: boom on device {2 * process} in process "
+                f"{process}") in run["barrier"], run["barrier"]
+        assert "1 tap function call(s) raised" in run["barrier"][-1]
+      else:
+        assert run["barrier"] == "nothing"  # the peer's failure is not its
+
+
+@pytest.mark.parametrize("survivor_queue", ["native", "python"])
+def test_a_process_killed_mid_loop_ends_its_tapping_peer(tmp_path,
+                                                         survivor_queue):
+  procs, outputs = _launch_async_faults(tmp_path, "kill", survivor_queue)
+  (out0, err0), _ = outputs
+  assert procs[1].returncode == -9
+  # JAX's distributed service ends the survivor once the peer misses its
+  # heartbeats, saying so; it does not hang in the loop's psum.
+  assert procs[0].returncode != 0 and "outcome 0" not in out0
+  assert "another task died" in err0, err0[-3000:]
+  # What the survivor's tap functions received until then: each device's
+  # taps in order, none twice, with the values the device sent.
+  taps = {}
+  for line in (tmp_path / "taps-0.txt").read_text().splitlines():
+    device, step, value = line.split()
+    taps.setdefault(int(device), []).append((int(step), float(value)))
+  assert set(taps) == {0, 1}
+  for device, received in taps.items():
+    assert received == [(s, device + s) for s in range(len(received))]
+  # The killed peer reached its failing step: the survivor tapped past it.
+  assert max(len(received) for received in taps.values()) > 300

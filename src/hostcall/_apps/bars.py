@@ -64,6 +64,11 @@ class _Bar:
   def __init__(self, spec: BarSpec, total: int | None):
     self.counts: dict[Any, int] = {}
     self.closed: set = set()
+    self.stopped = False  # a device's loop ended early (its computation failed)
+    # This process's devices that run the loop (shard_map, pmap): the bar
+    # waits for each, also one that has not opened it yet.
+    self.expected: set = set()
+    self.opened = time.monotonic()
     self.lanes: int | None = None
     self.running: dict[Any, int] = {}
     self.tqdm = spec.make(total)
@@ -72,8 +77,11 @@ class _Bar:
   def is_open(self) -> bool:
     return self.tqdm is not None
 
+  def devices(self) -> set:
+    return set(self.counts) | self.expected
+
   def show(self, final: bool = False) -> None:
-    n = min(self.counts.values())  # the slowest device
+    n = min(self.counts.get(d, 0) for d in self.devices())  # the slowest
     postfix = []
     if self.lanes is not None:
       if self.running:
@@ -152,6 +160,10 @@ class Bars:
             self._bars.popitem(last=False)
         if bar.is_open:
           bar.counts[device] = 0
+          process = getattr(device, "process_index", 0)
+          bar.expected.update(
+              d for d in getattr(context, "peers", ())
+              if getattr(d, "process_index", 0) == process)
         else:
           bar = None
       self._open[handle] = (bar, device, threading.get_ident(),
@@ -230,14 +242,27 @@ class Bars:
         if (opened_before is not None and opened >= opened_before
             and handle not in counters):
           continue
-        self._end(handle, stopped=stopped)
+        self._end(handle, stopped=stopped, force=opened_before is not None)
+      if opened_before is not None:
+        # A bar still waiting for a device that never opened it (its
+        # computation failed first) once every other device has ended.
+        waiting = {id(bar) for bar, *_ in self._open.values()}
+        for bar in self._bars.values():
+          if (bar.is_open and bar.opened < opened_before
+              and id(bar) not in waiting):
+            bar.show(final=True)
+            bar.finish(stopped=True)
 
   def group_of(self, handle: int) -> tuple[int, int] | None:
     """``(site, index)`` of the invocation ``handle`` belongs to."""
     with self._lock:
       return self._groups.get(handle)
 
-  def _end(self, handle: int, stopped: bool = False) -> None:
+  def _end(self, handle: int, stopped: bool = False,
+           force: bool = False) -> None:
+    """Ends an invocation on its device; the last of the bar's devices to
+    end closes it (``force``: this one, the barrier's, closes it: a device
+    that has not opened it by then never will)."""
     bar, device, _, _ = self._open.pop(handle, (None, None, None, None))
     self._paces.pop(handle, None)
     if self._groups.pop(handle, None) is not None:
@@ -246,11 +271,16 @@ class Bars:
     if bar is None or not bar.is_open:
       return
     bar.closed.add(device)
-    if bar.closed >= set(bar.counts):
+    # One device's loop stopped (its computation failed) stops the bar,
+    # whichever device ends last.
+    bar.stopped = bar.stopped or stopped
+    if force or bar.closed >= bar.devices():
       bar.show(final=True)
+      stopped = bar.stopped
       total = bar.tqdm.total
       if total is not None:  # a known length tells whether it finished
-        stopped = min(bar.counts.values()) < total
+        stopped = stopped or min(
+            bar.counts.get(d, 0) for d in bar.devices()) < total
       bar.finish(stopped=stopped)
 
 

@@ -28,12 +28,15 @@ class CallContext:
     shard_indices: in a partitioned call (``partitioned=True`` under ``jit``
       of sharded arrays), where each array operand's shard sits in its
       global array: one tuple of slices per flat operand. None otherwise.
+    peers: the devices that each make this call site's call (``shard_map``,
+      ``pmap``), ``device`` among them; empty where one device calls.
   """
 
   transforms: tuple[tuple[str, dict[str, Any]], ...]
   device: Any
   batch_levels: tuple[tuple[tuple, int], ...] = ()
   shard_indices: tuple[tuple[slice, ...], ...] | None = None
+  peers: tuple = dataclasses.field(default=(), repr=False, compare=False)
 
   @property
   def process_index(self) -> int:
@@ -60,10 +63,11 @@ def _unpack_transforms(transforms: tuple) -> tuple:
 
 
 def make_context(transforms: tuple, device,
-                 shard_indices: tuple | None = None) -> CallContext:
+                 shard_indices: tuple | None = None,
+                 peers: tuple = ()) -> CallContext:
   """The context of one call site on one device."""
   return CallContext(_unpack_transforms(transforms), device,
-                     batch_levels(transforms), shard_indices)
+                     batch_levels(transforms), shard_indices, tuple(peers))
 
 
 _current = threading.local()

@@ -75,7 +75,7 @@ def lower(ctx, *args, target, transforms, kind, result_avals, ordering,
     devices = next(iter(chosen.device_set))
   operands, operand_avals = list(args), list(ctx.avals_in)
   if partition is not None:
-    contexts = [make_context(transforms, d) for d in devices]
+    contexts = [make_context(transforms, d, peers=devices) for d in devices]
     operands.append(partition)
     operand_avals.append(_jax_private.ShapedArray((), np.uint32))
   else:
