@@ -6,6 +6,7 @@ import json
 import os
 import pathlib
 import signal
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -731,6 +732,43 @@ def test_a_tampered_or_corrupt_library_is_rebuilt(tmp_path):
   library.with_suffix(".sha256").unlink()   # a build that never finished
   assert _native_probe(cache).startswith("True")
   assert _whole(library)
+
+
+def test_cxx_is_a_command_line_as_build_tools_take_it(tmp_path):
+  # "c++ -O1" (or "ccache g++") was taken for one program's name: the build
+  # failed and the Python queue took over.
+  compiler = shutil.which("c++") or shutil.which("g++")
+  if compiler is None:
+    pytest.skip("no C++ compiler")
+  proc = _python("""
+      import warnings, hostcall
+      warnings.simplefilter("error")   # a fallback would warn: an error
+      print(hostcall.queue_stats()["native"])
+      """, env={"HOSTCALL_CACHE": str(tmp_path / "cache"),
+                "HOSTCALL_NATIVE": "1", "CXX": f"{compiler} -O1"},
+                 timeout=300)
+  assert proc.stdout.split() == ["True"]
+  assert list((tmp_path / "cache").glob("*.so"))
+
+
+@pytest.mark.parametrize("cxx, why", [
+    ("/nonexistent", "'/nonexistent' is not a program that can be run"),
+    ("g++ 'unclosed", "which is not a command line"),
+])
+def test_a_cxx_that_cannot_run_is_named_in_the_warning(tmp_path, cxx, why):
+  proc = _python("""
+      import warnings, hostcall
+      with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        native = hostcall.queue_stats()["native"]
+      print(native)
+      for w in caught:
+        print(w.category.__name__, w.message)
+      """, env={"HOSTCALL_CACHE": str(tmp_path / "cache"),
+                "HOSTCALL_NATIVE": "1", "CXX": cxx})
+  assert proc.stdout.startswith("False\nHostcallNativeWarning")
+  assert f"$CXX is {cxx!r}" in proc.stdout and why in proc.stdout
+  assert "set CXX to a C++ compiler, e.g. CXX=g++" in proc.stdout
 
 
 def test_a_cache_others_can_write_is_not_trusted(tmp_path):

@@ -2,8 +2,10 @@
 predicates stop a running loop at its next check, which returns its state."""
 
 import io
+import math
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -195,6 +197,118 @@ def test_plateau_stops_when_the_logged_loss_stalls(tmp_path):
 def test_bad_options_are_explained(options, error, words):
   with pytest.raises(error, match=words):
     hostcall.progress.scan(_step, 1.0, length=10, **options)
+
+
+# Each loop that takes time_limit=, as a function of it, traced under jit.
+_TIMED_LOOPS = {
+    "progress.scan": lambda limit: hostcall.progress.scan(
+        lambda c, _: (c + 1, None), 0, length=3000, every=100,
+        time_limit=limit, file=io.StringIO()),
+    "progress.fori_loop": lambda limit: hostcall.progress.fori_loop(
+        0, 3000, lambda i, c: c + 1, 0, every=100, time_limit=limit,
+        file=io.StringIO()),
+    "progress.while_loop": lambda limit: hostcall.progress.while_loop(
+        lambda c: c < 3000, lambda c: c + 1, 0, every=100, time_limit=limit,
+        file=io.StringIO()),
+    "control.while_loop": lambda limit: control.while_loop(
+        lambda c: c < 3000, lambda c: c + 1, 0, every=100, time_limit=limit),
+}
+
+
+@pytest.mark.parametrize("loop", sorted(_TIMED_LOOPS))
+@pytest.mark.parametrize("limit", [1e10, 1e300, math.inf],
+                         ids=["1e10", "1e300", "inf"])
+def test_any_time_limit_up_to_infinity_runs_the_loop_to_its_end(loop, limit):
+  # The deadline of 1e10 s, in nanoseconds, is past int64: it wrapped round
+  # to the past (stopping at the first check), and inf failed at run time.
+  out = jax.jit(lambda: _TIMED_LOOPS[loop](limit))()
+  hostcall.barrier()
+  assert not bool(out.stopped) and int(out.steps) == 3000
+  assert control.reason_name(out.reason) is None
+  carry = out.value[0] if isinstance(out.value, tuple) else out.value
+  assert int(carry) == 3000
+
+
+def test_huge_time_limits_work_with_the_python_queue_too():
+  proc = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+      import io, math, warnings, jax, hostcall
+      warnings.simplefilter("ignore")
+      assert not hostcall.queue_stats()["native"]
+      for limit in (1e10, 1e300, math.inf):
+        out = jax.jit(lambda: hostcall.control.while_loop(
+            lambda c: c < 3000, lambda c: c + 1, 0, every=100,
+            time_limit=limit))()
+        print(bool(out.stopped), int(out.steps))
+      out = jax.jit(lambda: hostcall.control.while_loop(
+          lambda c: c < 2**31 - 2, lambda c: c + 1, 0, every=10_000,
+          time_limit=0.05))()
+      print(hostcall.control.reason_name(out.reason))
+      hostcall.barrier()
+      """)], capture_output=True, text=True, cwd=ROOT, timeout=300,
+      env={**os.environ, "HOSTCALL_NATIVE": "0"})
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert proc.stdout.split() == ["False", "3000"] * 3 + ["time_limit"]
+
+
+@pytest.mark.parametrize("loop", sorted(_TIMED_LOOPS))
+@pytest.mark.parametrize("limit, words", [
+    (0, "got 0 of type int"), (-1.5, "got -1.5 of type float"),
+    (math.nan, "got nan of type float"), (True, "got True of type bool"),
+    ("1h", "got '1h' of type str"),
+])
+def test_a_time_limit_that_is_no_number_of_seconds_is_refused(loop, limit,
+                                                              words):
+  with pytest.raises(ValueError, match="time_limit is a number of seconds > 0 "
+                     rf"\(math.inf: no limit\), {words}\. Pass a Python "
+                     "number of seconds"):
+    jax.jit(lambda: _TIMED_LOOPS[loop](limit))()
+
+
+@pytest.mark.parametrize("loop", sorted(_TIMED_LOOPS))
+def test_a_traced_time_limit_is_refused_when_traced(loop):
+  with pytest.raises(ValueError, match=r"time_limit .* known when the loop is "
+                     r"traced .*got a traced value \(JitTracer.*Pass a Python "
+                     "number of seconds.*static argument"):
+    jax.jit(_TIMED_LOOPS[loop])(5.0)
+
+
+def test_reason_name_names_what_it_takes():
+  assert [control.reason_name(r) for r in (0, 1, 2, np.int32(3))] == [
+      None, "interrupted", "time_limit", "stop_when"]
+  assert control.reason_name(jnp.full((4,), 2, jnp.int32)) == "time_limit"
+  accepted = (r"0 \(ran to its end\), 1 \(interrupted\), 2 \(time_limit\), "
+              r"3 \(stop_when\)")
+  with pytest.raises(ValueError, match=f"reason_name got 7, .*one of "
+                     f"{accepted}"):
+    control.reason_name(7)
+  for bad in ("x", None, 2.5, np.zeros(0, np.int32)):
+    with pytest.raises(TypeError, match=f"reason_name takes a Result.reason "
+                       f".*got {re.escape(repr(bad))}; it is one of "
+                       f"{accepted}"):
+      control.reason_name(bad)
+  with pytest.raises(TypeError, match="got a traced value .* call it on the "
+                     "Result the jitted function returns"):
+    jax.jit(control.reason_name)(2)
+
+
+def test_plateau_refuses_what_is_no_run_or_metric(tmp_path):
+  with pytest.raises(TypeError, match="plateau watches a metric of a "
+                     "hostcall.metrics.Run, got None of type NoneType"):
+    control.plateau(None, "loss")
+  run = hostcall.metrics.Run("p", root=tmp_path, writers=["memory"])
+  with pytest.raises(TypeError, match="plateau's name is the metric's name "
+                     r"\(a str, as given to run.log\), got 3 of type int"):
+    control.plateau(run, 3)
+  for bad in (-0.1, math.nan, math.inf, "0"):
+    with pytest.raises(ValueError, match=f"min_delta is a finite number >= 0"
+                       f".*got {re.escape(repr(bad))}"):
+      control.plateau(run, "loss", min_delta=bad)
+  with pytest.raises(ValueError, match="patience is a number of checks >= 1 "
+                     r"\(a Python int\), got 2.5"):
+    control.plateau(run, "loss", patience=2.5)
+  with pytest.raises(TypeError, match="Run.latest takes a metric's name"):
+    run.latest(3)
+  run.close()
 
 
 def test_control_while_loop_needs_a_reason_to_stop():

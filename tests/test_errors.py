@@ -1,6 +1,7 @@
 """Mistakes are reported where they are made, when the program is traced, in
 the user's terms: what was expected, what came, how to fix it."""
 
+import re
 import traceback
 
 import jax
@@ -125,3 +126,21 @@ def test_errors_while_tracing_a_body_point_at_the_users_code():
   assert frames[-1].name == "users_body"
   assert not any("/hostcall/" in f and "/tests/" not in f for f in files), (
       files)
+
+
+@pytest.mark.parametrize("given", [5, "error", ValueError])
+def test_original_error_of_what_is_no_exception(given):
+  with pytest.raises(TypeError, match=r"original_error takes the exception a "
+                     r"JAX call raised .*got " + re.escape(repr(given)) +
+                     f" of type {type(given).__name__}"):
+    hostcall.original_error(given)
+  assert hostcall.original_error(None) is None  # (no exception: none behind)
+
+
+def test_hostcall_scan_of_a_body_that_is_not_callable():
+  for scan in (hostcall.scan, hostcall.progress.scan):
+    with pytest.raises(TypeError, match=r"scan's body f must be callable, got "
+                       r"3 of type int"):
+      scan(3, 0.0, None, length=2)
+  with pytest.raises(TypeError, match="while loop's cond_fun must be callable"):
+    hostcall.progress.while_loop(None, lambda c: c, 0)

@@ -314,3 +314,35 @@ def test_runtime_tokens_are_what_wait_for_effects_reads():
   assert tokens.current_tokens  # an ordered effect's token is kept
   _jax_private.wait_for_effects()
   assert not tokens.current_tokens and not tokens.output_runtime_tokens
+
+def test_loop_of_frame_finds_the_loop_tracing_a_body():
+  import sys
+
+  def innermost():
+    frame = sys._getframe(1)
+    while frame is not None:
+      found = _jax_private.loop_of_frame(frame)
+      if found is not None:
+        return found
+      frame = frame.f_back
+    return None
+
+  seen = []
+
+  def scan_body(c, _):
+    seen.append(innermost())
+    return c, None
+
+  def while_body(c):
+    seen.append(innermost())
+    return c + 1
+
+  jax.lax.scan(scan_body, 0, jnp.ones(6))
+  jax.lax.scan(scan_body, 0, None, length=4)
+  jax.lax.fori_loop(0, 9, lambda i, c: scan_body(c, None)[0], 0)
+  jax.lax.while_loop(lambda c: c < 3, while_body, 0)
+  jax.jit(lambda n: jax.lax.fori_loop(0, n, lambda i, c: while_body(c),
+                                      0))(3)   # traced bounds: a while
+  assert seen == [("scan", 6), ("scan", 4), ("scan", 9), ("while", None),
+                  ("while", None)]
+  assert innermost() is None

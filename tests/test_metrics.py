@@ -6,6 +6,7 @@ import struct
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -255,8 +256,9 @@ def test_a_failing_writer_does_not_lose_the_others_rows(tmp_path):
 
 def test_bad_input_is_explained(tmp_path):
   run = metrics.Run("bad", root=tmp_path)
-  with pytest.raises(TypeError, match="metric 'name': expected a JAX or "
-                     "NumPy array or a Python number, got 'adam'"):
+  with pytest.raises(TypeError, match="metric 'name': expected a JAX array, "
+                     "a NumPy array of numbers or booleans, or a Python "
+                     "number, got 'adam' of type str"):
     run.log(0, name="adam")
   with pytest.raises(TypeError, match="step must be one integer"):
     run.log(0.5, loss=1.0)
@@ -306,3 +308,125 @@ def test_plot_writes_a_png_per_run(tmp_path):
     empty.log(0, v=jnp.ones(3))
     empty.close()
     metrics.plot(tmp_path / "empty")
+
+
+@pytest.mark.parametrize("value, dtype", [
+    (np.array(["a"]), "<U1"), (np.array([b"a"]), "|S1"),
+    (np.array([1.0], dtype=object), "object"), (np.str_("a"), "<U1"),
+    (np.array(["2020-01-01"], dtype="datetime64[D]"), r"datetime64\[D\]"),
+])
+def test_arrays_of_what_is_not_numbers_are_refused_by_name(tmp_path, value,
+                                                           dtype):
+  # They went through, to fail in JAX: "Error interpreting argument to
+  # <function stage> as an abstract array".
+  run = metrics.Run("texts", root=tmp_path, writers=["memory"])
+  with pytest.raises(TypeError, match=rf"metric 'm': expected a JAX array, a "
+                     rf"NumPy array of numbers or booleans, or a Python "
+                     rf"number, got .* of dtype {dtype} \(not numbers\)\. "
+                     "Log numbers"):
+    jax.jit(lambda: run.log(0, m=value))()
+  with pytest.raises(TypeError, match=rf"step must be one integer .*got .*"
+                     rf"dtype {dtype}"):
+    run.log(value, loss=1.0)
+  # The neighbours that send arrays to the host refuse them alike.
+  with pytest.raises(TypeError, match=rf"pure_callback: .*a NumPy array of "
+                     rf"numbers or booleans, or a Python number; got .* of "
+                     rf"dtype {dtype} \(not numbers\)"):
+    hostcall.pure_callback(lambda v: v, jax.ShapeDtypeStruct((), "float32"),
+                           value)
+  run.close()
+  assert run.records() == []
+
+
+def test_paths_that_are_not_paths_are_refused_by_name(tmp_path):
+  with pytest.raises(TypeError, match=r"the run to read .* is a path \(a str "
+                     r"or os.PathLike, e.g. 'runs/fit'\), got 5 of type int"):
+    metrics.read(5)
+  with pytest.raises(TypeError, match="Run's root is a path .* got None"):
+    metrics.Run("r", root=None)
+
+
+def _truncate_from_outside(path):
+  """What logrotate's copytruncate does once it has copied the file."""
+  with open(path, "r+b") as f:
+    f.truncate(0)
+
+
+@pytest.mark.parametrize("writer", ["jsonl", "csv"])
+def test_a_file_truncated_from_outside_goes_on_with_whole_rows(tmp_path,
+                                                               writer):
+  run = metrics.Run("rotated", root=tmp_path, writers=[writer])
+  log = jax.jit(lambda i: run.log(i, loss=i * 0.5, w=jnp.stack([i, -i])))
+  for i in range(5):
+    log(i)
+  run.flush()
+  path = run.dir / f"metrics.{writer}"
+  _truncate_from_outside(path)
+  for i in range(5, 9):
+    log(i)
+  run.flush()
+  assert b"\0" not in path.read_bytes()
+  assert metrics.read(path)["step"].tolist() == [5, 6, 7, 8]
+  _truncate_from_outside(path)
+  os.truncate(path, 0)  # twice, and by the other spelling
+  for i in range(9, 12):
+    log(i)
+  run.close()
+  data = path.read_bytes()
+  # The writes after a truncation land at the new end: no hole of NULs
+  # where the old offset was.
+  assert b"\0" not in data
+  if writer == "csv":  # the header again, where the file was found empty
+    assert data.decode().splitlines()[0] == "step,loss,w[0],w[1]"
+  rows = metrics.read(path).to_dict("records")
+  assert [r["step"] for r in rows] == [9, 10, 11]
+  assert [r["loss"] for r in rows] == [4.5, 5.0, 5.5]
+  w = [list(r["w"]) if writer == "jsonl" else [r["w[0]"], r["w[1]"]]
+       for r in rows]
+  assert w == [[9, -9], [10, -10], [11, -11]]
+
+
+@pytest.mark.parametrize("writer", ["jsonl", "csv"])
+def test_read_takes_what_rotation_leaves_without_dropping_a_whole_row(
+    tmp_path, writer):
+  # What a writer that goes on at its old offset (an older hostcall, another
+  # tool) leaves after a truncation: NULs, then whole rows; and a copy that
+  # starts mid-row. Neither costs a whole row.
+  if writer == "jsonl":
+    text = ("\0" * 4096 + '{"step": 7, "v": 1.5}\n{"step": 8, "v": 2.5}\n')
+    partial = '7, "v": 1.5}\n{"step": 8, "v": 2.5}\n'
+  else:
+    text = "\0" * 4096 + "step,v\r\n7,1.5\r\n8,2.5\r\n"
+    partial = "7,1.5\r\nstep,v\r\n8,2.5\r\n"
+  path = tmp_path / f"metrics.{writer}"
+  path.write_text(text)
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")  # NULs before rows are no incomplete row
+    rows = metrics.read(path).to_dict("records")
+  assert rows == [{"step": 7, "v": 1.5}, {"step": 8, "v": 2.5}]
+  path.write_text(partial)
+  with pytest.warns(metrics.IncompleteRowsWarning, match=r"skipped 1 "
+                    r"incomplete row\(s\) \(line\(s\) 1\).*truncated from "
+                    "outside"):
+    rows = metrics.read(path).to_dict("records")
+  assert rows[-1] == {"step": 8, "v": 2.5} and len(rows) == 1
+
+
+def test_plot_refuses_what_it_cannot_plot_by_name(tmp_path):
+  pytest.importorskip("matplotlib")
+  run = metrics.Run("p", root=tmp_path)
+  jax.jit(lambda: run.log(0, loss=1.0))()
+  run.close()
+  with pytest.raises(TypeError, match=r"plot's run .* is a path .* got 5 of "
+                     "type int"):
+    metrics.plot(5)
+  with pytest.raises(TypeError, match=r"plot's metrics= is a list of metric "
+                     r"names \(str\), e.g. metrics=\['loss'\], got 'loss'"):
+    metrics.plot(run.dir, metrics="loss")
+  with pytest.raises(ValueError, match=r"no metric 'acc' was logged; plot's "
+                     r"metrics= takes names among \['loss'\]"):
+    metrics.plot(run.dir, metrics=["acc"])
+  with pytest.raises(TypeError, match="log_scale= is True, False or None"):
+    metrics.plot(run.dir, log_scale="yes")
+  assert not (run.dir / "metrics.png").exists()
+  assert metrics.plot(run.dir, metrics=["loss"]).exists()

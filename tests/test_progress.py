@@ -319,4 +319,117 @@ def test_bad_arguments_are_explained():
   with pytest.raises(TypeError, match="must be callable"):
     progress.track(3)
   with pytest.raises(TypeError, match="must be hashable"):
-    progress.scan(_step, 0.0, jnp.ones(3), bar_format=["not", "hashable"])
+    progress.scan(_step, 0.0, jnp.ones(3), lock_args=(["not", "hashable"],))
+
+
+# The loops that draw a bar, each as a function of its bar options.
+_BAR_LOOPS = {
+    "scan": lambda **o: progress.scan(_step, 0.0, jnp.ones(3), **o),
+    "fori_loop": lambda **o: progress.fori_loop(0, 3, lambda i, c: c, 0, **o),
+    "while_loop": lambda **o: progress.while_loop(lambda c: c < 3,
+                                                  lambda c: c + 1, 0, **o),
+    "track": lambda **o: jax.lax.scan(progress.track(_step, **o), 0.0,
+                                      jnp.ones(3)),
+}
+
+
+@pytest.mark.parametrize("loop", sorted(_BAR_LOOPS))
+@pytest.mark.parametrize("option, value, takes", [
+    ("desc", 5, "a str or None"),
+    ("unit", None, "a str"),
+    ("file", 5, r"None \(the terminal or notebook\) or an object with a "
+     r"write\(\) method, e\.g\. sys\.stdout or io\.StringIO\(\)"),
+    ("leave", "yes", r"True, False or None \(default: only outermost bars\)"),
+    ("all_processes", 1, "True or False"),
+    ("ncols", "wide", "an int >= 0 or None"),
+    ("mininterval", -1, "a number of seconds >= 0"),
+    ("smoothing", 2, "a number from 0 to 1"),
+    ("colour", 3, r"a colour name or hex code \(str\), or None"),
+    ("ascii", 1.5, "True, False, None or a str of at least 2 characters"),
+    ("disable", "no", "True, False or None"),
+])
+def test_bar_options_are_checked_when_traced(loop, option, value, takes):
+  # Each went to tqdm, which failed on the delivery thread as the loop ran.
+  with pytest.raises(TypeError, match=rf"hostcall.progress: {option}= takes "
+                     rf"{takes}, got {re.escape(repr(value))} of type "
+                     rf"{type(value).__name__}\."):
+    jax.jit(lambda: _BAR_LOOPS[loop](**{option: value}))()
+  hostcall.barrier()  # nothing failed at run time: nothing ran
+  assert _open_bars() == []
+
+
+def test_a_bar_option_given_a_traced_value_says_to_pass_a_python_value():
+  with pytest.raises(TypeError, match=r"ncols= takes an int >= 0 or None, got "
+                     r"a traced value \(JitTracer.*pass a Python value"):
+    jax.jit(lambda n: progress.scan(_step, 0.0, jnp.ones(3), ncols=n))(80)
+  with pytest.raises(TypeError, match=r"sets a bar's position itself .* got "
+                     r"position=2; leave it out"):
+    progress.scan(_step, 0.0, jnp.ones(3), position=2)
+
+
+@pytest.mark.parametrize("loop", ["hostcall.scan", "progress.scan",
+                                  "progress.while_loop",
+                                  "control.while_loop"])
+def test_a_traced_every_says_to_pass_a_python_int(loop):
+  run = {
+      "hostcall.scan": lambda e: hostcall.scan(_step, 0.0, jnp.ones(3),
+                                               every=e),
+      "progress.scan": lambda e: progress.scan(_step, 0.0, jnp.ones(3),
+                                               every=e),
+      "progress.while_loop": lambda e: progress.while_loop(
+          lambda c: c < 3, lambda c: c + 1, 0, every=e),
+      "control.while_loop": lambda e: hostcall.control.while_loop(
+          lambda c: c < 3, lambda c: c + 1, 0, every=e, time_limit=60.0),
+  }[loop]
+  with pytest.raises(ValueError, match=r"every must be a positive int \(a "
+                     r"Python int >= 1.*\), known when the loop is traced: it "
+                     r"sets the chunk size.*got a traced value \(JitTracer"
+                     r".*Pass a Python int, e\.g\. every=100"):
+    jax.jit(run)(2)
+  with pytest.raises(ValueError, match=r"got 2.5 of type float; pass a Python "
+                     "int"):
+    run(2.5)
+
+
+@pytest.mark.parametrize("loop, length", [
+    (lambda body: jax.lax.scan(body, 0.0, jnp.ones(10)), 10),
+    (lambda body: jax.lax.scan(body, 0.0, None, length=10), 10),
+    (lambda body: hostcall.scan(body, 0.0, jnp.ones(10), every=4), 10),
+    (lambda body: progress.scan(body, 0.0, jnp.ones(12), every=5,
+                                file=io.StringIO()), 12),
+    (lambda body: jax.lax.fori_loop(0, 10, lambda i, c: body(c, 1.0)[0],
+                                    0.0), 10),
+    # The innermost loop is the one that runs the body.
+    (lambda body: jax.lax.scan(lambda c, _: jax.lax.scan(body, c,
+                                                         jnp.ones(7)),
+                               0.0, None, length=3), 7),
+], ids=["lax.scan", "lax.scan length", "hostcall.scan", "progress.scan",
+        "lax.fori_loop", "nested"])
+def test_track_refuses_a_total_that_is_not_its_loops_length(loop, length):
+  def count(c, _):
+    return c + 1.0, None
+
+  out = io.StringIO()
+  with pytest.raises(ValueError, match=rf"track\(total=5\) decorates the body "
+                     rf"of a loop of {length} steps: its bar would close after "
+                     rf"5 steps and start again\. Pass total={length}"):
+    jax.jit(lambda: loop(progress.track(count, total=5, file=out)))()
+  # With the loop's length: one bar, whole.
+  jax.jit(lambda: loop(progress.track(count, total=length, file=out,
+                                      desc="whole", leave=True)))()
+  hostcall.barrier()
+  assert _final_counts(out, "whole")[-1] == f"{length}/{length}"
+
+
+def test_track_takes_any_total_where_the_loop_has_no_length():
+  out = io.StringIO()
+  body = progress.track(lambda c: c + 1, total=5, file=out, desc="while")
+  assert int(jax.jit(lambda: jax.lax.while_loop(lambda c: c < 5, body,
+                                                0))()) == 5
+  hostcall.barrier()
+  assert _final_counts(out, "while") == ["5/5"]
+  for bad in (0, -3, 2.5, True, "10"):
+    with pytest.raises(ValueError, match=r"total is the number of steps of one "
+                       r"invocation of the loop \(a Python int > 0\) or None "
+                       rf"\(a counter\), got {re.escape(repr(bad))}"):
+      progress.track(_step, total=bad)

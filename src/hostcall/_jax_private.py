@@ -37,6 +37,7 @@ from jax._src import util as _util
 from jax._src.interpreters import batching as _batching
 from jax._src.interpreters import mlir as _private_mlir
 from jax._src.interpreters import partial_eval as _pe
+from jax._src.lax.control_flow import loops as _loops
 from jax._src.lib import xla_client as _xc
 from jax.interpreters import ad as _ad
 from jax.interpreters import batching as _public_batching
@@ -385,3 +386,25 @@ def wait_for_effects() -> None:
     except jax.errors.JaxRuntimeError:
       pass  # its error reached whoever waits for its results
   tokens.clear()
+
+
+# Frames of JAX's loops, while they trace a body: lax.scan and the
+# functions its body is traced in (lax.map and a fori_loop of static bounds
+# go through them), lax.while_loop (a fori_loop of traced bounds too).
+_SCAN_CODES = frozenset(
+    inspect.unwrap(getattr(_loops, name)).__code__
+    for name in ("scan", "scan_nocarry") if hasattr(_loops, name))
+_WHILE_CODES = frozenset({inspect.unwrap(_loops.while_loop).__code__})
+
+
+def loop_of_frame(frame) -> tuple[str, int | None] | None:
+  """``("scan", length)`` where ``frame`` is ``lax.scan`` (its number of
+  steps, where known), ``("while", None)`` where it is
+  ``lax.while_loop``, None for any other frame. Walking up from a loop
+  body being traced, the first one found is the loop that runs it."""
+  if frame.f_code in _SCAN_CODES:
+    length = frame.f_locals.get("length")
+    return "scan", (length if isinstance(length, int) else None)
+  if frame.f_code in _WHILE_CODES:
+    return "while", None
+  return None

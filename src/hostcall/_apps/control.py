@@ -21,6 +21,8 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+import math
+import numbers
 import signal
 import threading
 import time
@@ -60,7 +62,32 @@ _REASON_NAMES = {0: None, INTERRUPTED: "interrupted", TIME_LIMIT: "time_limit",
 def reason_name(reason) -> str | None:
   """``"interrupted"``, ``"time_limit"``, ``"stop_when"``, or None (the loop
   ran to its end) for a ``Result.reason``."""
-  return _REASON_NAMES[int(np.asarray(reason).reshape(-1)[0])]
+  accepted = ", ".join(f"{k} ({v or 'ran to its end'})"
+                       for k, v in _REASON_NAMES.items())
+  if isinstance(reason, _jax_private.Tracer):
+    raise TypeError(
+        f"reason_name reads a Result.reason on the host, got a traced value "
+        f"({reason!r}); call it on the Result the jitted function returns "
+        "(or compare the reason with hostcall.control.TIME_LIMIT and the "
+        "others inside it).")
+  try:
+    values = np.asarray(reason)
+    integral = (values.size > 0 and (np.issubdtype(values.dtype, np.integer)
+                or (np.issubdtype(values.dtype, np.floating)
+                    and bool(np.all(values == np.round(values))))))
+  except Exception:  # noqa: BLE001 - whatever cannot be read is refused below
+    integral = False
+  if not integral:
+    raise TypeError(
+        f"reason_name takes a Result.reason (an integer, or an array of "
+        f"them under vmap), got {reason!r}; it is one of {accepted}.")
+  # Under vmap every lane stops with the others: one reason for all.
+  value = int(values.reshape(-1)[0])
+  if value not in _REASON_NAMES:
+    raise ValueError(f"reason_name got {value}, which is no reason a "
+                     f"steered loop gives; a Result.reason is one of "
+                     f"{accepted}.")
+  return _REASON_NAMES[value]
 
 
 class Result(NamedTuple):
@@ -116,18 +143,39 @@ class Stop:
       raise TypeError(f"interruptible must be True or False, got "
                       f"{interruptible!r}")
     if time_limit is not None:
-      if (isinstance(time_limit, bool) or not isinstance(
-          time_limit, (int, float)) or not time_limit > 0):
-        raise ValueError(f"time_limit is a number of seconds > 0, got "
-                         f"{time_limit!r}")
+      time_limit = _seconds(time_limit)
     if stop_when is not None and not callable(stop_when):
       raise TypeError(
           f"stop_when must be a function of a hostcall.control.LoopStatus "
           f"returning a bool, got {stop_when!r}")
     if not interruptible and time_limit is None and stop_when is None:
       return None
-    return cls(interruptible, None if time_limit is None
-               else float(time_limit), stop_when)
+    return cls(interruptible, time_limit, stop_when)
+
+
+# The largest time limit the native clock can hold, in microseconds (its
+# deadline is nanoseconds of the steady clock in an int64): any longer
+# limit is never reached, and is passed as none.
+_MAX_LIMIT_US = 2**62 // 1000
+
+
+def _seconds(time_limit) -> float:
+  """``time_limit=`` as a float of seconds > 0 (``inf``: no limit), or a
+  ``ValueError`` (whatever came) naming what came and what to pass."""
+  expected = "time_limit is a number of seconds > 0 (math.inf: no limit)"
+  fix = "Pass a Python number of seconds, e.g. time_limit=3600.0."
+  if isinstance(time_limit, _jax_private.Tracer):
+    raise ValueError(
+        f"{expected}, known when the loop is traced (the host keeps the "
+        f"deadline), got a traced value ({time_limit!r}). {fix} To vary it "
+        "between calls of a jitted function, make it a static argument "
+        "(jax.jit(..., static_argnames=...)).")
+  if (isinstance(time_limit, (bool, np.bool_))
+      or not isinstance(time_limit, numbers.Real)
+      or not float(time_limit) > 0):  # NaN too
+    raise ValueError(f"{expected}, got {time_limit!r} of type "
+                     f"{type(time_limit).__name__}. {fix}")
+  return float(time_limit)
 
 
 class _PythonGroup:
@@ -135,7 +183,10 @@ class _PythonGroup:
   same rules as ``hostcall_control.cc``)."""
 
   def __init__(self, stop: Stop, interrupts: int):
+    # (A float: any limit adds to the clock without overflowing; math.inf
+    # is none.)
     self.deadline = (None if stop.time_limit is None
+                     or math.isinf(stop.time_limit)
                      else time.monotonic() + stop.time_limit)
     self.interruptible = stop.interruptible
     self.predicate = stop.stop_when is not None
@@ -207,9 +258,11 @@ class _Controls(calls.Containment):
     if lib is not None:
       if stop.interruptible:
         lib.held.hostcall_control_install_sigint()
+      limit = stop.time_limit
       lib.held.hostcall_control_open(
-          handle, group, -1 if stop.time_limit is None
-          else int(stop.time_limit * 1e6), int(stop.interruptible),
+          handle, group,
+          -1 if limit is None or limit * 1e6 >= _MAX_LIMIT_US
+          else int(limit * 1e6), int(stop.interruptible),
           int(stop.stop_when is not None))
     # Started after the native clock: a predicate never sees more time
     # elapsed than the check that compares it with the time limit.

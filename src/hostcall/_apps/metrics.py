@@ -31,7 +31,7 @@ from hostcall._core import TapTarget, bind, errors
 from hostcall._core.context import why_waiting_is_forbidden
 from hostcall._core.barriers import add_barrier_hook
 from hostcall._core import target as _target
-from hostcall._flavours.checks import is_array_like
+from hostcall._flavours.checks import describe_leaf, is_array_like
 
 logger = logging.getLogger("hostcall")
 
@@ -103,7 +103,7 @@ def _run_dir(root, name) -> pathlib.Path:
         f"a run name is a relative path inside the runs directory ({root}); "
         f"got {name!r}, which would write elsewhere. Pass root= to choose "
         "the directory, e.g. Run('fit', root='/data/runs').")
-  root = pathlib.Path(root)
+  root = _writers.as_path(root, "Run's root")
   path = root / relative
   if not path.resolve().is_relative_to(root.resolve()):
     raise ValueError(f"the run name {name!r} leads outside {root} (through "
@@ -118,7 +118,7 @@ _INDEX_COLUMNS = frozenset({"member", "device"})
 def _describe(value) -> str:
   if hasattr(value, "shape") and hasattr(value, "dtype"):
     return f"an array of shape {tuple(value.shape)} and dtype {value.dtype}"
-  return f"{value!r} of type {type(value).__name__}"
+  return describe_leaf(value)
 
 
 class Run:
@@ -218,7 +218,8 @@ class Run:
       step: the step number (an integer scalar, traced or not; under
         ``vmap``, one per member), positional or ``step=``; None numbers
         the calls of this run on the host 0, 1, 2, ...
-      **metrics: name=value; JAX or NumPy arrays or Python numbers. Any
+      **metrics: name=value; JAX arrays, NumPy arrays of numbers or
+        booleans, or Python numbers (not text: refused). Any
         string but ``member`` and ``device`` (columns hostcall fills) is a
         valid name.
 
@@ -241,9 +242,10 @@ class Run:
     for name, value in metrics.items():
       if not is_array_like(value):
         raise TypeError(
-            f"metric {name!r}: expected a JAX or NumPy array or a Python "
-            f"number, got {value!r} of type {type(value).__name__}. Log "
-            "numbers; put text in the run name or a separate file.")
+            f"metric {name!r}: expected a JAX array, a NumPy array of "
+            f"numbers or booleans, or a Python number, got "
+            f"{describe_leaf(value)}. Log numbers; put text in the run name "
+            "or a separate file.")
     operands = [jnp.asarray(v) for v in metrics.values()]
     if step is not None:
       if not is_array_like(step) or not jnp.issubdtype(
@@ -334,6 +336,10 @@ class Run:
       >>> hostcall.barrier(); run.latest("loss")
       (2, 0.3333333...)
     """
+    if not isinstance(name, str):
+      raise TypeError(f"Run.latest takes a metric's name (a str, as given to "
+                      f"run.log), got {name!r} of type "
+                      f"{type(name).__name__}.")
     found = self._current()._latest.get(name)
     if found is None:
       return None

@@ -49,13 +49,30 @@ def plot(run, out: str | os.PathLike | None = None, *,
   except ImportError as exc:
     raise ImportError("plots need matplotlib: pip install 'hostcall[plot]' "
                       "(or pip install matplotlib)") from exc
+  if metrics is not None and (isinstance(metrics, str) or not all(
+      isinstance(m, str) for m in metrics)):
+    raise TypeError(f"plot's metrics= is a list of metric names (str), e.g. "
+                    f"metrics=['loss'], got {metrics!r}.")
+  if log_scale is not None and not isinstance(log_scale, bool):
+    raise TypeError(f"plot's log_scale= is True, False or None (chosen per "
+                    f"metric), got {log_scale!r}.")
+  if out is not None:
+    _writers.as_path(out, "plot's out= (the PNG to write)")
   if hasattr(run, "records"):
     records, directory = run.records(), run.dir
   else:
-    path = pathlib.Path(run)
+    path = _writers.as_path(run, "plot's run (a hostcall.metrics.Run, a run "
+                            "directory or its metrics file)")
     records = _writers.read_records(path)
     directory = path if path.is_dir() else path.parent
   names = metrics or _scalar_metrics(records)
+  if metrics:
+    logged = {key for record in records for key in record}
+    missing = [name for name in metrics if name not in logged]
+    if missing:
+      raise ValueError(
+          f"{run}: no metric {missing[0]!r} was logged; plot's metrics= "
+          f"takes names among {sorted(logged - {'step', 'member', 'device'})}.")
   if not names:
     raise ValueError(f"{run}: no scalar metrics to plot "
                      f"(found {len(records)} rows)")

@@ -19,6 +19,8 @@ import contextlib
 import difflib
 import functools
 import inspect
+import math
+import numbers
 import threading
 from typing import Any, Callable
 
@@ -197,8 +199,92 @@ def _tqdm_options() -> frozenset:
                             "unit", "position", "leave", "file"})
 
 
+def _real(low, high=math.inf, *, open_low=False):
+  def check(value):
+    return (isinstance(value, numbers.Real)
+            and not isinstance(value, (bool, np.bool_))
+            and (low < value if open_low else low <= value) and value <= high)
+  return check
+
+
+def _of(*types):
+  return lambda value: isinstance(value, types)
+
+
+def _integer(value) -> bool:
+  return (isinstance(value, numbers.Integral)
+          and not isinstance(value, (bool, np.bool_)) and value >= 0)
+
+
+def _optional(check):
+  return lambda value: value is None or check(value)
+
+
+def _writable(value) -> bool:
+  return value is None or callable(getattr(value, "write", None))
+
+
+# What each bar option takes: checked when the loop is traced, where a bad
+# value would otherwise fail in tqdm on the delivery thread, the loop
+# already running. tqdm's options not listed (a newer tqdm's) go unchecked.
+_BAR_OPTIONS = {
+    "desc": (_optional(_of(str)), "a str or None"),
+    "unit": (_of(str), "a str"),
+    "leave": (_optional(_of(bool)), "True, False or None (default: only "
+              "outermost bars)"),
+    "file": (_writable, "None (the terminal or notebook) or an object with "
+             "a write() method, e.g. sys.stdout or io.StringIO()"),
+    "all_processes": (_of(bool), "True or False"),
+    "ncols": (_optional(_integer), "an int >= 0 or None"),
+    "nrows": (_optional(_integer), "an int >= 0 or None"),
+    "mininterval": (_real(0), "a number of seconds >= 0"),
+    "maxinterval": (_real(0), "a number of seconds >= 0"),
+    "miniters": (_optional(_real(0)), "a number >= 0 or None"),
+    "ascii": (lambda v: v is None or isinstance(v, bool)
+              or (isinstance(v, str) and len(v) >= 2),
+              "True, False, None or a str of at least 2 characters"),
+    "disable": (_optional(_of(bool)), "True, False or None"),
+    "unit_scale": (lambda v: isinstance(v, bool) or _real(0, open_low=True)(v),
+                   "True, False or a number > 0"),
+    "dynamic_ncols": (_of(bool), "True or False"),
+    "smoothing": (_real(0, 1), "a number from 0 to 1"),
+    "bar_format": (_optional(_of(str)), "a str or None"),
+    "initial": (_real(0), "a number >= 0"),
+    "postfix": (_optional(_of(str)), "a str or None"),
+    "unit_divisor": (_real(0, open_low=True), "a number > 0"),
+    "write_bytes": (_of(bool), "True or False"),
+    "lock_args": (_optional(_of(tuple)), "a tuple or None"),
+    "colour": (_optional(_of(str)), "a colour name or hex code (str), or "
+               "None"),
+    "delay": (_real(0), "a number of seconds >= 0"),
+    "gui": (_of(bool), "True or False"),
+}
+
+
+def _check_bar_options(options: dict) -> None:
+  """Refuses, when the loop is traced, a bar option tqdm would refuse when
+  it draws, naming the option, what came and what it takes."""
+  for name, value in options.items():
+    rule = _BAR_OPTIONS.get(name)
+    if rule is None or rule[0](value):
+      continue
+    if isinstance(value, _jax_private.Tracer):
+      got = (f"a traced value ({value!r}); bar options are fixed when the "
+             "loop is traced: pass a Python value")
+    else:
+      got = f"{value!r} of type {type(value).__name__}"
+    raise TypeError(f"hostcall.progress: {name}= takes {rule[1]}, got {got}.")
+
+
 def _spec(desc, total, unit, leave, file, all_processes, options):
   position = getattr(_local, "depth", 0)
+  if "position" in options:
+    raise TypeError(
+        f"hostcall.progress sets a bar's position itself (nested progress "
+        f"loops draw nested bars), got position={options['position']!r}; "
+        "leave it out.")
+  _check_bar_options(dict(desc=desc, unit=unit, leave=leave, file=file,
+                          all_processes=all_processes, **options))
   unknown = sorted(set(options) - _tqdm_options())
   if unknown:
     hints = []
@@ -280,9 +366,8 @@ def _finish(site, handle, reason) -> None:
 
 
 def _check_every(every):
-  if every is not None and (not isinstance(every, int) or
-                            isinstance(every, bool) or every < 1):
-    raise ValueError(f"every must be a positive int or None, got {every!r}")
+  if every is not None:
+    _scan.check_every(every, ", or None for the default")
 
 
 def scan(f: Callable, init, xs=None, length: int | None = None,
@@ -340,6 +425,7 @@ def scan(f: Callable, init, xs=None, length: int | None = None,
     >>> hostcall.barrier(); "500/500" in out.getvalue()
     True
   """
+  check_callable(f, "hostcall.progress.scan's body f")
   _check_every(every)
   stop, desc = _steered(interruptible, time_limit, stop_when, desc)
   steps = _scan.scan_length(xs, length, "hostcall.progress.scan")
@@ -403,6 +489,7 @@ def fori_loop(lower, upper, body_fun: Callable, init_val, *,
     >>> hostcall.barrier(); "10/10" in out.getvalue()
     True
   """
+  check_callable(body_fun, "hostcall.progress.fori_loop's body_fun")
   options = dict(desc=desc, every=every, unit=unit, leave=leave, file=file,
                  all_processes=all_processes, interruptible=interruptible,
                  time_limit=time_limit, stop_when=stop_when, **tqdm_options)
@@ -473,6 +560,8 @@ def while_loop(cond_fun: Callable, body_fun: Callable, init_val, *,
 def _while(cond_fun, body_fun, init_val, total, *, desc, every, unit, leave,
            file, all_processes, interruptible=False, time_limit=None,
            stop_when=None, **tqdm_options):
+  check_callable(cond_fun, "the while loop's cond_fun")
+  check_callable(body_fun, "the while loop's body_fun")
   _check_every(every)
   stop, desc = _steered(interruptible, time_limit, stop_when, desc)
   site = _bars.bars.site(_spec(desc, None, unit, leave, file, all_processes,
@@ -533,7 +622,9 @@ def track(body: Callable | None = None, *, total: int | None = None,
     body: the loop body (any signature; it is called unchanged).
     total: the number of steps of one invocation: the bar closes when it is
       reached and the next step opens a new one. Without it one counter
-      runs until the next ``hostcall.barrier()``.
+      runs until the next ``hostcall.barrier()``. In a loop whose length is
+      known when traced (``lax.scan``, ``hostcall.scan`` and the loops
+      built on them) it must be that length.
     desc, unit, leave, file, all_processes, **tqdm_options: as for
       ``hostcall.progress.scan``.
 
@@ -556,9 +647,30 @@ def track(body: Callable | None = None, *, total: int | None = None,
                              leave=leave, file=file,
                              all_processes=all_processes, **tqdm_options)
   check_callable(body, "hostcall.progress.track's body")
+  if total is not None and not (isinstance(total, int)
+                                and not isinstance(total, bool) and total > 0):
+    raise ValueError(
+        f"hostcall.progress.track: total is the number of steps of one "
+        f"invocation of the loop (a Python int > 0) or None (a counter), got "
+        f"{total!r} of type {type(total).__name__}.")
+  # The options are checked now, where the mistake is made (the bar's spec
+  # is made when the body is traced, which knows its nesting).
+  _spec(desc, total, unit, leave, file, all_processes, tqdm_options)
 
   @functools.wraps(body)
   def tracked(*args, **kwargs):
+    # A bar closes at its total and the next step opens another: a total
+    # that is not the loop's length would draw its one run as several bars
+    # (or never close it). Where the loop running the body says its length
+    # (lax.scan, hostcall.scan and the loops built on them), they must
+    # agree.
+    length = _scan.enclosing_loop_length()
+    if total is not None and length is not None and length != total:
+      raise ValueError(
+          f"hostcall.progress.track(total={total}) decorates the body of a "
+          f"loop of {length} steps: its bar would close after {total} steps "
+          f"and start again. Pass total={length} (the steps of one run of "
+          "the loop), or leave total out for a counter.")
     # The nesting depth (the bar's row) is known when the body is traced.
     spec = _spec(desc, total, unit, leave, file, all_processes, tqdm_options)
     step = _Step(_bars.bars.site(spec))

@@ -16,6 +16,8 @@ step's tap payload.
 from __future__ import annotations
 
 import dataclasses
+import sys
+import threading
 from typing import Any, Callable
 
 import jax
@@ -23,12 +25,14 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from hostcall import _jax_private
 from hostcall._core import calls
 from hostcall._core.collecting import collecting
 from hostcall._core.context import (CallContext, make_context,
                                     swap_call_context)
 from hostcall._core.primitive import bind
 from hostcall._core.targets import TapTarget, target
+from hostcall._flavours.checks import check_callable
 
 
 @target
@@ -144,6 +148,51 @@ def step_output(out) -> tuple:
       "for nothing), as for jax.lax.scan.")
 
 
+_local = threading.local()
+
+
+def _bodies() -> list:
+  """The frames of ``hostcall.scan`` bodies being traced in this thread,
+  with their loops' numbers of steps."""
+  if not hasattr(_local, "bodies"):
+    _local.bodies = []
+  return _local.bodies
+
+
+def enclosing_loop_length() -> int | None:
+  """The number of steps of the loop whose body is being traced here (the
+  innermost ``hostcall.scan``, ``lax.scan`` or ``lax.while_loop`` on the
+  stack), or None when it has none or a ``while_loop`` runs it."""
+  bodies = {id(frame): steps for frame, steps in _bodies()}
+  frame = sys._getframe(1)
+  while frame is not None:
+    if id(frame) in bodies:
+      return bodies[id(frame)]
+    loop = _jax_private.loop_of_frame(frame)
+    if loop is not None:
+      return loop[1]
+    frame = frame.f_back
+  return None
+
+
+def check_every(every, alternatives: str = "") -> None:
+  """Refuses an ``every=`` that is not a Python int >= 1 (with a
+  ``ValueError``, whatever came), naming what came and the fix."""
+  if isinstance(every, int) and not isinstance(every, bool) and every >= 1:
+    return
+  expected = f"every must be a positive int (a Python int >= 1{alternatives})"
+  if isinstance(every, _jax_private.Tracer):
+    raise ValueError(
+        f"{expected}, known when the loop is traced: it sets the chunk "
+        f"size, the shape of the compiled loop; got a traced value "
+        f"({every!r}). Pass a Python int, e.g. every=100; to vary it "
+        "between calls of a jitted function, make it a static argument "
+        "(jax.jit(..., static_argnames=...)).")
+  raise ValueError(f"{expected}, got {every!r} of type "
+                   f"{type(every).__name__}; pass a Python int, e.g. "
+                   "every=100.")
+
+
 def scan_length(xs, length: int | None, who: str) -> int:
   """The number of steps of a scan over ``xs`` (or of ``length``); refuses,
   with ``lax.scan``'s own words, what ``lax.scan`` refuses (a ``length``
@@ -197,8 +246,8 @@ def scan(f: Callable, init, xs=None, length: int | None = None,
     what: c
     1
   """
-  if not isinstance(every, int) or isinstance(every, bool) or every < 1:
-    raise ValueError(f"every must be a positive int, got {every!r}")
+  check_callable(f, "hostcall.scan's body f")
+  check_every(every)
   steps = scan_length(xs, length, "hostcall.scan")
   if steps == 0:  # no step, no tap: lax.scan gives the empty outputs
     out = lax.scan(f, init, xs, length=0)
@@ -213,8 +262,15 @@ def scan(f: Callable, init, xs=None, length: int | None = None,
 
   def body(carry, x):
     # Taps of one step become extra outputs, stacked by the inner scan.
-    with collecting() as collector:
-      carry, y = step_output(f(carry, x))
+    # (Its frame is known as this loop's body, of ``steps`` steps, not
+    # the chunk's: see ``enclosing_loop_length``.)
+    bodies = _bodies()
+    bodies.append((sys._getframe(), steps))
+    try:
+      with collecting() as collector:
+        carry, y = step_output(f(carry, x))
+    finally:
+      bodies.pop()
     flushes[:] = [FlushTarget.of(collector.signature())]
     return carry, (y, [v for _, vals, _ in collector.taps for v in vals])
 

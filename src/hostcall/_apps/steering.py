@@ -4,7 +4,10 @@
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any, Callable
+
+import numpy as np
 
 from hostcall._apps import progress as _progress
 from hostcall._apps.control import LoopStatus
@@ -78,11 +81,28 @@ def plateau(run, name: str, *, patience: int = 10, min_delta: float = 0.0,
     >>> bool(out.stopped), int(out.steps) < 10_000
     (True, True)
   """
+  if not (callable(getattr(run, "latest", None))
+          and callable(getattr(run, "flush", None))):
+    raise TypeError(
+        f"plateau watches a metric of a hostcall.metrics.Run, got {run!r} of "
+        f"type {type(run).__name__}: pass the run the loop logs to, e.g. "
+        "plateau(run, 'loss') with run = hostcall.metrics.Run('fit').")
+  if not isinstance(name, str):
+    raise TypeError(f"plateau's name is the metric's name (a str, as given "
+                    f"to run.log), got {name!r} of type "
+                    f"{type(name).__name__}.")
+  if (isinstance(min_delta, (bool, np.bool_))
+      or not isinstance(min_delta, numbers.Real)
+      or not 0 <= float(min_delta) < math.inf):
+    raise ValueError(f"min_delta is a finite number >= 0 (how much better "
+                     f"than the best so far counts as better), got "
+                     f"{min_delta!r}.")
   if mode not in ("min", "max"):
     raise ValueError(f"mode is 'min' or 'max', got {mode!r}")
   if not isinstance(patience, int) or isinstance(patience, bool) or \
       patience < 1:
-    raise ValueError(f"patience is a number of checks >= 1, got {patience!r}")
+    raise ValueError(f"patience is a number of checks >= 1 (a Python int), "
+                     f"got {patience!r}")
   sign = 1.0 if mode == "min" else -1.0
   state = {"best": math.inf, "seen": None, "waited": 0}
 

@@ -13,6 +13,7 @@ import io
 import json
 import os
 import pathlib
+import re
 import warnings
 from typing import Any
 
@@ -157,6 +158,25 @@ def _texts(values: np.ndarray, json_style: bool) -> list[str]:
   return texts
 
 
+def _open_for_append(path: pathlib.Path) -> int:
+  """A new, empty ``path`` opened for appending (``O_APPEND``): every write
+  lands at the file's end as it is then, so that a file truncated from
+  outside (logrotate's ``copytruncate``) is written from its new start,
+  not from the old offset over a run of NUL bytes."""
+  return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+                 | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0),
+                 0o666)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+  """Writes ``data`` in one ``write`` where the OS takes it whole (a block's
+  rows together: a truncation from outside falls between blocks, never
+  inside a row)."""
+  view = memoryview(data)
+  while view:
+    view = view[os.write(fd, view):]
+
+
 class Writer:
   """The interface of a metrics writer; subclass it for a new format.
 
@@ -229,7 +249,10 @@ class JsonlWriter(Writer):
   form for their own precision (a float32 0.1 is ``0.1``); an array metric
   is a nested JSON list. Non-finite floats are written as ``NaN`` /
   ``Infinity``, as Python's ``json`` module and pandas read them. The file
-  is created afresh (its directory too).
+  is created afresh (its directory too), and appended to: each block's
+  rows reach it in one write (``flush`` has nothing left to do), at its
+  end as it is then, so that a file truncated from outside (logrotate's
+  ``copytruncate``) goes on from its new start with whole rows.
 
   Arguments:
     path: the file to write.
@@ -252,10 +275,10 @@ class JsonlWriter(Writer):
   def __init__(self, path: str | os.PathLike):
     self.path = pathlib.Path(path)
     self.path.parent.mkdir(parents=True, exist_ok=True)
-    self._file = open(self.path, "w", encoding="utf-8")
+    self._fd: int | None = _open_for_append(self.path)
 
   def write(self, block: Block) -> None:
-    """Appends one line per row of ``block``.
+    """Appends one line per row of ``block`` (in one write).
 
     Arguments:
       block: the rows to write.
@@ -271,17 +294,20 @@ class JsonlWriter(Writer):
     # joining its pieces).
     line = "{" + ", ".join(json.dumps(name).replace("%", "%%") + ": %s"
                            for name in columns) + "}\n"
-    self._file.write("".join(line % row for row in zip(*texts)))
+    if self._fd is None:
+      raise ValueError(f"{self.path}: write to a closed JsonlWriter")
+    # (JSON escapes what is not ASCII: the text is ASCII.)
+    _write_all(self._fd, "".join(line % row for row in zip(*texts)).encode(
+        "utf-8", "surrogateescape"))
 
   def flush(self) -> None:
-    """Flushes the file's buffer (nothing once closed)."""
-    if not self._file.closed:
-      self._file.flush()
+    """Nothing to do: each ``write`` hands its rows to the file."""
 
   def close(self) -> None:
     """Closes the file; closing twice does nothing."""
-    if not self._file.closed:
-      self._file.close()
+    fd, self._fd = self._fd, None
+    if fd is not None:
+      os.close(fd)
 
 
 def _flat_columns(name: str, values: np.ndarray) -> dict[str, np.ndarray]:
@@ -309,6 +335,11 @@ class CsvWriter(Writer):
   named ``w[0]``) make ``write`` raise ``ValueError`` rather than write a
   corrupt table.
 
+  The file is appended to, each block's rows in one write: a file
+  truncated from outside (logrotate's ``copytruncate``) goes on from its
+  new start, and a block that finds it empty writes the header again
+  first, so that the file left is a table of its own.
+
   Arguments:
     path: the file to write.
 
@@ -332,11 +363,13 @@ class CsvWriter(Writer):
     self.path = pathlib.Path(path)
     self.path.parent.mkdir(parents=True, exist_ok=True)
     self._header: list[str] | None = None
-    self._file = None
+    self._fd: int | None = None
+    self._closed = False
 
   def write(self, block: Block) -> None:
-    """Appends one line per row of ``block``, widening the table first if
-    the block has new columns.
+    """Appends one line per row of ``block`` (in one write), widening the
+    table first if the block has new columns, and writing the header first
+    where the file is empty (truncated from outside).
 
     Arguments:
       block: the rows to write.
@@ -357,37 +390,55 @@ class CsvWriter(Writer):
             "use the JSON Lines writer, which keeps arrays whole.")
       columns.update(flat)
     names = list(columns)
+    if self._closed:
+      raise ValueError(f"{self.path}: write to a closed CsvWriter")
     if self._header is None:
-      self._open(names)
+      self._open(names, [])
     elif not set(names) <= set(self._header):
       self._widen([n for n in names if n not in self._header])
     texts = {name: _texts(values, json_style=False)
              for name, values in columns.items()}
-    writer = csv.DictWriter(self._file, self._header, restval="")
-    writer.writerows(dict(zip(texts, row)) for row in zip(*texts.values()))
+    out = io.StringIO(newline="")
+    csv.DictWriter(out, self._header, restval="").writerows(
+        dict(zip(texts, row)) for row in zip(*texts.values()))
+    data = out.getvalue()
+    if os.fstat(self._fd).st_size == 0:
+      data = self._header_line() + data  # truncated: a table again
+    _write_all(self._fd, data.encode("utf-8"))
 
-  def _open(self, names: list[str]) -> None:
+  def _header_line(self) -> str:
+    out = io.StringIO(newline="")
+    csv.writer(out).writerow(self._header)
+    return out.getvalue()
+
+  def _open(self, names: list[str], rows: list[dict]) -> None:
+    """Starts the file afresh: the header, then ``rows``."""
     self._header = names
-    self._file = open(self.path, "w", newline="", encoding="utf-8")
-    csv.writer(self._file).writerow(names)
+    if self._fd is not None:
+      os.close(self._fd)
+      self._fd = None
+    self._fd = _open_for_append(self.path)
+    out = io.StringIO(newline="")
+    csv.DictWriter(out, names, restval="").writerows(rows)
+    _write_all(self._fd, (self._header_line() + out.getvalue()).encode(
+        "utf-8"))
 
   def _widen(self, extra: list[str]) -> None:
-    self._file.close()
-    with open(self.path, newline="", encoding="utf-8") as f:
-      rows = list(csv.DictReader(f))
-    self._open(self._header + extra)
-    csv.DictWriter(self._file, self._header, restval="").writerows(rows)
+    with open(self.path, newline="", encoding="utf-8",
+              errors="surrogateescape") as f:
+      text = f.read()
+    rows, _ = _csv_rows(text, convert=False)
+    self._open(self._header + extra, rows)
 
   def flush(self) -> None:
-    """Flushes the file's buffer (nothing before the first block or once
-    closed)."""
-    if self._file is not None and not self._file.closed:
-      self._file.flush()
+    """Nothing to do: each ``write`` hands its rows to the file."""
 
   def close(self) -> None:
     """Closes the file; closing twice does nothing."""
-    if self._file is not None and not self._file.closed:
-      self._file.close()
+    self._closed = True
+    fd, self._fd = self._fd, None
+    if fd is not None:
+      os.close(fd)
 
 
 class TensorBoardWriter(Writer):
@@ -553,10 +604,21 @@ def make(spec, run_dir: pathlib.Path) -> Writer:
                    f"hostcall.metrics.Writer instance; got {spec!r}.")
 
 
+def as_path(value, what: str) -> pathlib.Path:
+  """``value`` (a ``str`` or ``os.PathLike``) as a path, or a ``TypeError``
+  naming ``what`` it is, what came and what is taken."""
+  if not isinstance(value, (str, os.PathLike)):
+    raise TypeError(f"{what} is a path (a str or os.PathLike, e.g. "
+                    f"'runs/fit'), got {value!r} of type "
+                    f"{type(value).__name__}.")
+  return pathlib.Path(value)
+
+
 def read_records(path: str | os.PathLike) -> list[dict[str, Any]]:
   """The rows of a run: its directory (``metrics.jsonl``, else
   ``metrics.csv``) or one of those files."""
-  path = pathlib.Path(path)
+  path = as_path(path, "the run to read (a run directory or its metrics "
+                 "file)")
   if path.is_dir():
     for name in ("metrics.jsonl", "metrics.csv"):
       if (path / name).exists():
@@ -577,7 +639,8 @@ def read_records(path: str | os.PathLike) -> list[dict[str, Any]]:
     warnings.warn(
         f"{path}: skipped {len(dropped)} incomplete row(s) (line(s) "
         f"{', '.join(map(str, dropped[:10]))}{', ...' if len(dropped) > 10 else ''}"
-        "), as a process stopped while writing leaves them; the other "
+        "), as a process stopped while writing, or a file truncated from "
+        "outside while written, leaves them; the other "
         f"{len(rows)} rows are complete.", IncompleteRowsWarning, stacklevel=3)
   return rows
 
@@ -604,9 +667,21 @@ class IncompleteRowsWarning(UserWarning):
   """
 
 
+# What a truncation from outside can leave where a writer went on at its
+# old offset (ours append; an older version or another tool may not): a
+# run of NUL bytes before the next row. A crash can leave NULs at a file's
+# end too. Neither is a row.
+_HOLES = re.compile(r"(?:(?<=\n)|^)\0+")
+
+
+def _without_holes(text: str) -> str:
+  """``text`` without the runs of NUL bytes that start its lines."""
+  return _HOLES.sub("", text) if "\0" in text else text
+
+
 def _jsonl_rows(text: str) -> tuple[list, list]:
   rows, dropped = [], []
-  for number, line in enumerate(text.split("\n"), 1):
+  for number, line in enumerate(_without_holes(text).split("\n"), 1):
     if not line.strip():
       continue
     try:
@@ -621,21 +696,42 @@ def _jsonl_rows(text: str) -> tuple[list, list]:
   return rows, dropped
 
 
-def _csv_rows(text: str) -> tuple[list, list]:
+def _csv_rows(text: str, convert: bool = True) -> tuple[list, list]:
+  """The rows of a CSV table (values as numbers where ``convert``, else as
+  text), and the line numbers of the records that are not whole rows.
+
+  A header is a record whose first field is ``step`` (the first column the
+  writer writes; a row's is a number): where a file was truncated from
+  outside, records before the first header (a partial line, rows whose
+  header went with the truncation) are not rows, and the writer writes
+  the header again when it finds the file empty."""
+  text = _without_holes(text)
   reader = csv.reader(io.StringIO(text, newline=""))
-  header = next(reader, None)
-  records = [(reader.line_num, fields) for fields in reader]
+  records = []
+  while True:
+    try:
+      fields = next(reader)
+    except StopIteration:
+      break
+    except csv.Error:  # not CSV at all (a cut-off quoted field)
+      records.append((reader.line_num, None))
+      continue
+    records.append((reader.line_num, fields))
   dropped = []
   if records and not text.endswith(("\n", "\r")):
     dropped.append(records.pop()[0])  # cut off before its end of line
-  rows = []
+  header, rows = None, []
   for number, fields in records:
-    if not fields:
+    if fields == []:
       continue
-    if len(fields) != len(header):
+    if fields is not None and fields[:1] == ["step"]:
+      header = fields
+      continue
+    if header is None or fields is None or len(fields) != len(header):
       dropped.append(number)
       continue
-    rows.append({k: _number(v) for k, v in zip(header, fields) if v != ""})
+    rows.append({k: (_number(v) if convert else v)
+                 for k, v in zip(header, fields) if v != ""})
   return rows, dropped
 
 

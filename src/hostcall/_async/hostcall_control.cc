@@ -153,8 +153,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(hostcall_control_check, Check,
 extern "C" {
 
 // Opens a device's handle on an invocation group. The group's first handle
-// fixes its time limit (microseconds from now; < 0: none) and whether
-// Ctrl-C stops it.
+// fixes its time limit (microseconds from now; < 0: none; any int64 is
+// safe) and whether Ctrl-C stops it.
 void hostcall_control_open(int64_t handle, int64_t group,
                            int64_t time_limit_us, int64_t interruptible,
                            int64_t predicate) {
@@ -163,7 +163,13 @@ void hostcall_control_open(int64_t handle, int64_t group,
   auto created = s.groups.try_emplace(group);
   Group& g = created.first->second;
   if (created.second) {
-    g.deadline_ns = time_limit_us < 0 ? 0 : NowNs() + time_limit_us * 1000;
+    // A limit past what the clock can count to (int64 nanoseconds) is
+    // never reached: saturated, not wrapped round to the past.
+    const int64_t now = NowNs();
+    g.deadline_ns = time_limit_us < 0 ? 0
+                    : time_limit_us >= (INT64_MAX - now) / 1000
+                        ? INT64_MAX
+                        : now + time_limit_us * 1000;
     g.interruptible = interruptible != 0;
     g.predicate = predicate != 0;
     g.interrupts_at_open = interrupts.load();

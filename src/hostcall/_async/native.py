@@ -2,7 +2,8 @@
 
 The C++ source is compiled against the XLA FFI headers of the installed
 jaxlib (``jax.ffi.include_dir()``) with the system C++ compiler (``$CXX``,
-else ``c++``, ``g++`` or ``clang++``), once per jaxlib version and source,
+a command line such as ``ccache g++``, else ``c++``, ``g++`` or
+``clang++``), once per jaxlib version and source,
 into ``$HOSTCALL_CACHE`` (default ``~/.cache/hostcall``).
 
 What is loaded is checked first: the cache directory must belong to this
@@ -21,6 +22,7 @@ import ctypes
 import hashlib
 import os
 import pathlib
+import shlex
 import shutil
 import stat
 import subprocess
@@ -59,9 +61,38 @@ def library_path() -> pathlib.Path:
 
 
 def compiler() -> str | None:
-  """The C++ compiler builds use, or None."""
-  return (os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
-          or shutil.which("clang++"))
+  """The C++ compiler builds use (``$CXX`` as given, a command line such as
+  ``ccache g++``), or None."""
+  if os.environ.get("CXX", "").strip():
+    return os.environ["CXX"]
+  return shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+
+
+def _compiler_command() -> list[str]:
+  """The compiler's command line: ``$CXX`` split as a shell splits it (as
+  make and CMake take it: ``ccache g++``, ``c++ -O1``), else the first of
+  c++, g++ and clang++ on PATH; the errors name ``$CXX`` and its value."""
+  cxx = os.environ.get("CXX", "")
+  if cxx.strip():
+    try:
+      words = shlex.split(cxx)
+    except ValueError as exc:
+      raise RuntimeError(
+          f"$CXX is {cxx!r}, which is not a command line ({exc}); set CXX to "
+          "a C++ compiler, e.g. CXX=g++ or CXX='ccache g++', or unset it "
+          "to use c++, g++ or clang++ from PATH") from None
+    if shutil.which(words[0]) is None:
+      raise RuntimeError(
+          f"$CXX is {cxx!r}, but {words[0]!r} is not a program that can be "
+          "run (not found, or not executable); set CXX to a C++ compiler, "
+          "e.g. CXX=g++ or CXX='ccache g++', or unset it to use c++, g++ "
+          "or clang++ from PATH")
+    return words
+  found = compiler()
+  if found is None:
+    raise RuntimeError("no C++ compiler (c++, g++ or clang++) on PATH; set "
+                       "CXX, or install one (e.g. apt-get install g++)")
+  return [found]
 
 
 def _sha256(path: pathlib.Path) -> str:
@@ -83,17 +114,21 @@ def _check_private(path: pathlib.Path) -> None:
 
 
 def _build(target: pathlib.Path) -> None:
-  cxx = compiler()
-  if cxx is None:
-    raise RuntimeError("no C++ compiler (c++, g++ or clang++) on PATH; set "
-                       "CXX, or install one (e.g. apt-get install g++)")
+  cxx = _compiler_command()
   with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
     out = pathlib.Path(tmp) / target.name
-    cmd = [cxx, "-std=c++17", "-O2", "-fPIC", "-shared", "-w",
+    cmd = [*cxx, "-std=c++17", "-O2", "-fPIC", "-shared", "-w",
            f"-I{jax.ffi.include_dir()}", *map(str, SOURCES), "-o", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    source = (f" ($CXX is {os.environ['CXX']!r})"
+              if os.environ.get("CXX", "").strip() else "")
+    try:
+      proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    except OSError as exc:
+      raise RuntimeError(f"{shlex.join(cmd)} could not run{source}: "
+                         f"{exc}") from None
     if proc.returncode != 0:
-      raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-2000:]}")
+      raise RuntimeError(f"{shlex.join(cmd)} failed{source}:\n"
+                         f"{proc.stderr[-2000:]}")
     digest = pathlib.Path(tmp) / "digest"
     digest.write_text(_sha256(out))
     # The library first, then its digest: a loader that sees a library

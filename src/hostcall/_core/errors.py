@@ -260,6 +260,11 @@ def original_error(error: BaseException) -> BaseException | None:
     ...   print(repr(hostcall.original_error(e)))
     KeyError(3)
   """
+  if error is not None and not isinstance(error, BaseException):
+    raise TypeError(
+        f"original_error takes the exception a JAX call raised (as in "
+        f"`except Exception as e: hostcall.original_error(e)`), got "
+        f"{error!r} of type {type(error).__name__}.")
   seen = set()
   while error is not None and id(error) not in seen:
     seen.add(id(error))

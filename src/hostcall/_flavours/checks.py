@@ -52,9 +52,33 @@ _ARRAY_LIKE = (jax.Array, _jax_private.Tracer, np.ndarray, np.generic, bool,
                int, float, complex, *_jax_private.HOST_CONSTANT_TYPES)
 
 
+def _holds_numbers(dtype) -> bool:
+  """Whether a NumPy dtype is one JAX can hold: booleans, numbers and the
+  small types of ``ml_dtypes`` (bfloat16 and the like, NumPy kind ``V``),
+  not strings, bytes, objects, dates or structured records."""
+  dtype = np.dtype(dtype)
+  if dtype.kind in "biufc":
+    return True
+  return dtype.kind == "V" and dtype.fields is None and dtype.type is not np.void
+
+
 def is_array_like(leaf) -> bool:
   """Whether ``leaf`` can travel to the host as an array operand."""
+  if isinstance(leaf, (np.ndarray, np.generic)):
+    return _holds_numbers(leaf.dtype)
   return isinstance(leaf, _ARRAY_LIKE)
+
+
+def describe_leaf(leaf) -> str:
+  """``leaf`` in an error: its value and type (and dtype, for arrays)."""
+  text = repr(leaf)
+  if len(text) > 80:
+    text = text[:77] + "..."
+  if isinstance(leaf, (np.ndarray, np.generic)):
+    return (f"{text}, a NumPy {type(leaf).__name__} of dtype {leaf.dtype} "
+            "(not numbers)" if not _holds_numbers(leaf.dtype) else
+            f"{text} of dtype {leaf.dtype}")
+  return f"{text} of type {type(leaf).__name__}"
 
 
 def check_operands(flat, what: str) -> None:
@@ -63,6 +87,7 @@ def check_operands(flat, what: str) -> None:
     if not is_array_like(leaf):
       raise TypeError(
           f"{what}: every leaf of the arguments sent to the host must be a "
-          f"JAX array, a NumPy array or a Python number; got {leaf!r} of type "
-          f"{type(leaf).__name__}. Pass other Python objects to the host "
-          "function through a closure or functools.partial instead.")
+          f"JAX array, a NumPy array of numbers or booleans, or a Python "
+          f"number; got {describe_leaf(leaf)}. Pass other Python objects "
+          "(strings too) to the host function through a closure or "
+          "functools.partial instead.")
