@@ -45,8 +45,8 @@ from hostcall._core import (CallbackException, CallTarget, TapTarget,
                             barrier, bind, target)
 from hostcall._core.context import CallContext
 from hostcall._core.targets import hash_key
-from hostcall._flavours import results
-from hostcall._flavours.checks import (check_arguments, check_callable,
+from hostcall._core import results
+from hostcall._core.checks import (check_arguments, check_callable,
                                        check_operands)
 
 __all__ = [

@@ -36,7 +36,7 @@ from jax.extend import core as jex_core
 from hostcall import _jax_private
 from hostcall._apps import bars as _bars
 from hostcall._async import native
-from hostcall._core import calls, errors
+from hostcall._core import calls, emission, errors
 from hostcall._core.targets import hash_key
 
 logger = logging.getLogger("hostcall")
@@ -570,10 +570,8 @@ def _remat_rule(saveable, unks_in, inst_in, eqn):
 
 def _lowering(ctx, handle, index, after):
   axis_context = ctx.module_context.axis_context
-  global_view = (isinstance(axis_context, _jax_private.ShardingContext)
-                 and axis_context.num_devices > 1)
-  on_cpu = list(ctx.module_context.platforms) == ["cpu"]
-  if on_cpu and not global_view and native.load() is not None:
+  global_view = emission.global_view(axis_context)
+  if emission.route(ctx, "check", native.load() is not None) == "ffi":
     return jax.ffi.build_ffi_lowering_function(
         "hostcall_control_check", has_side_effect=True)(
             ctx, handle, index, after).results

@@ -31,7 +31,7 @@ from hostcall._core import TapTarget, bind, errors
 from hostcall._core.context import why_waiting_is_forbidden
 from hostcall._core.barriers import add_barrier_hook
 from hostcall._core import target as _target
-from hostcall._flavours.checks import describe_leaf, is_array_like
+from hostcall._core.checks import describe_leaf, is_array_like
 
 logger = logging.getLogger("hostcall")
 

@@ -34,7 +34,7 @@ from hostcall._apps import bars as _bars
 from hostcall._apps import control as _control
 from hostcall._apps import scan as _scan
 from hostcall._core import CallTarget, TapTarget, bind, target
-from hostcall._flavours.checks import check_callable
+from hostcall._core.checks import check_callable
 
 _local = threading.local()
 

@@ -32,7 +32,7 @@ from hostcall._core.context import (CallContext, make_context,
                                     swap_call_context)
 from hostcall._core.primitive import bind
 from hostcall._core.targets import TapTarget, target
-from hostcall._flavours.checks import check_callable
+from hostcall._core.checks import check_callable
 
 
 @target

@@ -1,11 +1,11 @@
 """The emitter of queued taps: the device copies operands into the queue.
 
-On CPU, with the native library, an XLA FFI custom call copies the operands
-(as many bytes as the call site's layouts say) into the queue and returns;
-the consumer thread reads them by the same layouts. Elsewhere (another
-platform, a global view of several devices, whose partitioner drops our
-custom call's sharding, an operand of an extended dtype, or the pure-Python
-queue) a runtime Python callback pushes copies of the operands instead. An
+Where ``hostcall._core.emission`` routes ``"enqueue"`` to the native library
+(CPU, the library loaded, not a global view), an XLA FFI custom call copies
+the operands (as many bytes as the call site's layouts say) into the queue
+and returns; the consumer thread reads them by the same layouts. Elsewhere
+(and for an operand of an extended dtype) a runtime Python callback pushes
+copies of the operands instead. An
 ordered tap threads JAX's token through either.
 """
 
@@ -16,6 +16,7 @@ import numpy as np
 
 from hostcall import _jax_private
 from hostcall._async import queue
+from hostcall._core import emission
 from hostcall._core.targets import HostTarget
 
 
@@ -24,12 +25,10 @@ def emit(ctx, target: HostTarget, contexts, token, operands, operand_avals,
   """Emits the queueing of ``operands``; returns the new token (or None)."""
   consumer = queue.consumer
   consumer.start()  # loads (or builds) the native library on first use
-  axis_context = ctx.module_context.axis_context
-  global_view = (isinstance(axis_context, _jax_private.ShardingContext)
-                 and axis_context.num_devices > 1)
-  on_cpu = list(ctx.module_context.platforms) == ["cpu"]
   layouts = queue.layouts_of(operand_avals)
-  if layouts is None or global_view or not on_cpu or not consumer.native:
+  # An operand without a layout (an extended dtype) is pushed from Python.
+  if (layouts is None
+      or emission.route(ctx, "enqueue", consumer.native) == "python"):
     return _emit_python_push(ctx, queue.sites.add(target, contexts), token,
                              operands, operand_avals, op_sharding)
   site = queue.sites.add(target, contexts, layouts)

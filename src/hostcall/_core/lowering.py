@@ -1,7 +1,7 @@
 """The MLIR lowering of ``hostcall_p``: where the host function is called.
 
-``lower`` is the primitive's lowering rule. It learns which device makes the
-call (a constant on one device or under ``jit``'s global view, where one
+``lower`` is the primitive's lowering rule. It learns (``emission``) which
+device makes the call (a constant on one device or under ``jit``'s global view, where one
 chosen device calls; the partition id under ``shard_map``, one call per
 device), threads the ordering token of ordered calls, and emits one of:
 
@@ -22,40 +22,13 @@ import functools
 
 import jax
 import numpy as np
-from jax.extend.mlir.dialects import stablehlo as hlo
 
 from hostcall import _jax_private
 from hostcall._async import lowering as async_lowering
 from hostcall._async import queue
-from hostcall._core import calls, partitioned
+from hostcall._core import calls, emission, partitioned
 from hostcall._core.context import make_context
 from hostcall._core.effects import ORDERED, effect_of
-
-
-def _global_view(axis_context) -> bool:
-  """Whether the computation is ``jit`` over several devices (one program
-  sees the global arrays)."""
-  return (isinstance(axis_context, _jax_private.ShardingContext)
-          and axis_context.num_devices > 1)
-
-
-def _caller(ctx, device_index: int):
-  """``(devices, partition)``: the calling device (one), or, under
-  ``shard_map``, every device and the partition id that picks one."""
-  axis_context = ctx.module_context.axis_context
-  if isinstance(axis_context, _jax_private.SPMDAxisContext):
-    devices = tuple(getattr(axis_context.mesh, "devices", np.array([])).flat)
-    return devices, hlo.partition_id()
-  assignment = getattr(axis_context, "device_assignment", None) or ()
-  if not assignment:
-    assignment = tuple(ctx.module_context.get_backend().local_devices())
-  if len(assignment) > 1 and not 0 <= device_index < len(assignment):
-    raise ValueError(
-        f"device_index={device_index} is out of range: the computation runs "
-        f"on {len(assignment)} devices; pass 0 <= device_index < "
-        f"{len(assignment)}.")
-  device = assignment[device_index] if len(assignment) > 1 else assignment[0]
-  return device, None
 
 
 def lower(ctx, *args, target, transforms, kind, result_avals, ordering,
@@ -64,12 +37,12 @@ def lower(ctx, *args, target, transforms, kind, result_avals, ordering,
   ``primitive``)."""
   axis_context = ctx.module_context.axis_context
   passed_through = list(args) if kind == "tap" else []
-  if _global_view(axis_context) and partitioned and not result_avals:
+  if emission.global_view(axis_context) and partitioned and not result_avals:
     emit_partitioned(ctx, args, target, transforms, ordering, delivery)
     return passed_through
-  devices, partition = _caller(ctx, device_index)
+  devices, partition = emission.caller(ctx, device_index)
   chosen = None
-  if _global_view(axis_context):
+  if emission.global_view(axis_context):
     # One call, made by the chosen device.
     chosen = sharding or jax.sharding.SingleDeviceSharding(devices)
     devices = next(iter(chosen.device_set))

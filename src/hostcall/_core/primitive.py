@@ -45,8 +45,8 @@ from hostcall._core import calls, collecting, control_flow, lowering
 from hostcall._core.context import batch_levels, make_context
 from hostcall._core.effects import HOST_EFFECT_TYPES, effect_of
 from hostcall._core.targets import VECTORISED, HostTarget
-from hostcall._derivatives import batched
-from hostcall._derivatives.common import instantiate
+from hostcall._core import lifting
+from hostcall._core.tangents import instantiate
 
 hostcall_p = jex_core.Primitive("hostcall")
 hostcall_p.multiple_results = True
@@ -203,7 +203,7 @@ def _jvp_rule(primals, tangents, *, kind, target, transforms, **params):
             "unbatched operands do not have the batch axis. Use "
             "'broadcast_all' or 'sequential', or differentiate inside the "
             "vmap.")
-      out_tangents = batched.lifted_jvp(target.jvp, levels, list(primals),
+      out_tangents = lifting.lifted_jvp(target.jvp, levels, list(primals),
                                         list(tangents))
     else:
       out_tangents = target.jvp(primals, tangents)
@@ -231,7 +231,7 @@ def _transpose_rule(cts, *args, target, transforms, kind, **params):
             for o, a in zip(outs, args)]
   levels = batch_levels(transforms)
   if levels:
-    return batched.lifted_transpose(target.transpose, levels, list(cts), args)
+    return lifting.lifted_transpose(target.transpose, levels, list(cts), args)
   return target.transpose(cts, args)
 
 

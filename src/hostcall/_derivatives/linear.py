@@ -22,8 +22,8 @@ from hostcall import _jax_private
 from hostcall._core.primitive import bind
 from hostcall._core.targets import CallTarget, call_per_element, target
 from hostcall._derivatives import rules
-from hostcall._derivatives.common import instantiate, is_inexact
-from hostcall._flavours import results
+from hostcall._core.tangents import instantiate, is_inexact
+from hostcall._core import results
 
 
 @dataclasses.dataclass(frozen=True)

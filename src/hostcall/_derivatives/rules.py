@@ -35,8 +35,8 @@ from typing import Callable
 import jax
 import numpy as np
 
-from hostcall._derivatives.common import is_inexact
-from hostcall._flavours.checks import check_callable
+from hostcall._core.tangents import is_inexact
+from hostcall._core.checks import check_callable
 
 
 def fd_step(x: np.ndarray, direction: np.ndarray) -> float:

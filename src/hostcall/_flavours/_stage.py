@@ -12,9 +12,9 @@ from hostcall import _jax_private
 from hostcall._core import bind
 from hostcall._derivatives import linear
 from hostcall._derivatives.rules import HostFunction
-from hostcall._flavours import results
+from hostcall._core import results
 from hostcall._flavours._target import VMAP_METHODS, CallbackTarget
-from hostcall._flavours.checks import (check_arguments, check_callable,
+from hostcall._core.checks import (check_arguments, check_callable,
                                        check_operands)
 
 def check_vmap_method(vmap_method) -> None:

@@ -11,7 +11,7 @@ from hostcall import _jax_private
 from hostcall._core.context import CallContext
 from hostcall._core.targets import (VECTORISED, CallTarget, call_per_element,
                                     hash_key, target)
-from hostcall._flavours import results
+from hostcall._core import results
 
 VMAP_METHODS = ("sequential", "sequential_unrolled", *VECTORISED)
 

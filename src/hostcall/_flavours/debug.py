@@ -12,7 +12,7 @@ import jax
 import numpy as np
 
 from hostcall._core.targets import hash_key
-from hostcall._flavours.checks import (check_arguments, check_callable,
+from hostcall._core.checks import (check_arguments, check_callable,
                                        is_array_like)
 from hostcall._flavours import _stage
 

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from hostcall import _jax_private
-from hostcall._derivatives.common import instantiate, zeros
+from hostcall._core.tangents import instantiate, zeros
 
 
 def lifted_jvp(jvp: Callable, levels: Sequence, primals: list,

@@ -1,5 +1,5 @@
-"""What the derivative modules share: which values have tangents, and
-symbolic zeros made concrete."""
+"""Tangents of host calls: which values have them, and symbolic zeros made
+concrete (for the core's derivative rules and ``_derivatives``)."""
 
 from __future__ import annotations
 

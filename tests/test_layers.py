@@ -1,0 +1,152 @@
+"""The package's import graph keeps the layer order docs/architecture.md
+writes: no import up the order, no circle (package ``__init__`` files
+included), and no private name used across modules."""
+
+import ast
+import pathlib
+import re
+import sys
+
+import pytest
+
+SRC = pathlib.Path(__file__).parent.parent / "src" / "hostcall"
+ARCHITECTURE = pathlib.Path(__file__).parent.parent / "docs" / "architecture.md"
+
+# Lowest first. A module may import from its own layer (without a circle)
+# and from the layers below it.
+LAYERS = [
+    ["hostcall._jax_private"],
+    ["hostcall._core", "hostcall._async"],
+    ["hostcall._derivatives"],
+    ["hostcall._flavours"],
+    ["hostcall.host_callback", "hostcall._printing"],
+    ["hostcall._apps"],
+    ["hostcall", "hostcall.control", "hostcall.metrics", "hostcall.progress",
+     "hostcall._notebook"],
+    ["hostcall.cli", "hostcall.__main__"],
+]
+
+
+def _module_name(path: pathlib.Path) -> str:
+  parts = path.relative_to(SRC.parent).with_suffix("").parts
+  return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(p): p for p in SRC.rglob("*.py")}
+
+
+def _imports(name: str) -> list[tuple[str, list[str]]]:
+  """``(module, names imported from it)`` for each hostcall import of
+  module ``name``, at any depth of its code (functions included)."""
+  path = MODULES[name]
+  package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+  found = []
+  for node in ast.walk(ast.parse(path.read_text())):
+    if isinstance(node, ast.Import):
+      found += [(a.name, []) for a in node.names
+                if a.name.split(".")[0] == "hostcall"]
+    elif isinstance(node, ast.ImportFrom):
+      module = node.module or ""
+      if node.level:
+        base = package.split(".")[:len(package.split(".")) - node.level + 1]
+        module = ".".join(base + ([module] if module else []))
+      if module.split(".")[0] != "hostcall":
+        continue
+      names = [a.name for a in node.names]
+      # ``from hostcall._core import calls`` imports a module.
+      subs = [n for n in names if f"{module}.{n}" in MODULES]
+      found += [(f"{module}.{n}", []) for n in subs]
+      rest = [n for n in names if n not in subs]
+      if rest:
+        found.append((module, rest))
+  return found
+
+
+def _layer(name: str) -> int:
+  best = None
+  for level, prefixes in enumerate(LAYERS):
+    for prefix in prefixes:
+      if name == prefix or name.startswith(prefix + "."):
+        if best is None or len(prefix) > best[1]:
+          best = (level, len(prefix))
+  assert best is not None, f"{name} is in no layer: add it to LAYERS and to "
+  "docs/architecture.md"
+  return best[0]
+
+
+def _edges():
+  return {name: {m for m, _ in _imports(name) if m in MODULES}
+          for name in MODULES}
+
+
+def test_every_module_has_a_layer():
+  for name in MODULES:
+    _layer(name)
+
+
+def test_no_import_runs_up_the_layer_order():
+  up = [f"{a} (layer {_layer(a)}) imports {b} (layer {_layer(b)})"
+        for a, targets in _edges().items() for b in targets
+        if _layer(b) > _layer(a)]
+  assert not up, "\n".join(sorted(up))
+
+
+def test_no_circle_of_imports():
+  edges = _edges()
+  state, circles = {}, []
+
+  def visit(node, path):
+    state[node] = "open"
+    for nxt in sorted(edges[node]):
+      if state.get(nxt) == "open":
+        circles.append(" -> ".join(path[path.index(nxt):] + [nxt]))
+      elif nxt not in state:
+        visit(nxt, path + [nxt])
+    state[node] = "done"
+
+  for node in sorted(edges):
+    if node not in state:
+      visit(node, [node])
+  assert not circles, "\n".join(circles)
+
+
+def test_no_private_name_is_used_across_modules():
+  # ``_jax_private`` is the one module made of JAX's private names, and a
+  # package's ``__init__`` may gather its modules' names.
+  crossing = []
+  for name in MODULES:
+    for module, names in _imports(name):
+      if module in MODULES and module != name:
+        crossing += [f"{name} imports {module}.{n}" for n in names
+                     if n.startswith("_") and not n.startswith("__")]
+  assert not crossing, "\n".join(sorted(crossing))
+
+
+def test_the_architecture_page_lists_the_layers_and_every_module():
+  text = ARCHITECTURE.read_text()
+  for name, path in MODULES.items():
+    if path.name == "__init__.py" or name in ("hostcall.__main__",):
+      continue
+    file_name = path.name
+    assert re.search(rf"`[\w/]*{re.escape(file_name)}`", text), (
+        f"docs/architecture.md does not name {file_name} ({name})")
+
+
+@pytest.mark.parametrize("graph", ["up", "circle"])
+def test_the_checks_catch_what_they_look_for(graph, monkeypatch):
+  # The checks themselves fail on a graph that breaks the rules.
+  fake = dict(_edges())
+  if graph == "up":
+    fake["hostcall._core.calls"] = fake["hostcall._core.calls"] | {
+        "hostcall._apps.control"}
+    monkeypatch.setattr(sys.modules[__name__], "_edges", lambda: fake)
+    with pytest.raises(AssertionError, match="imports hostcall._apps"):
+      test_no_import_runs_up_the_layer_order()
+  else:
+    fake["hostcall._core.targets"] = fake["hostcall._core.targets"] | {
+        "hostcall._core.calls"}
+    fake["hostcall._core.calls"] = fake["hostcall._core.calls"] | {
+        "hostcall._core.targets"}
+    monkeypatch.setattr(sys.modules[__name__], "_edges", lambda: fake)
+    with pytest.raises(AssertionError, match="->"):
+      test_no_circle_of_imports()
