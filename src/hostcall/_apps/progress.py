@@ -339,6 +339,8 @@ def scan(f: Callable, init, xs=None, length: int | None = None,
       check=None if stop is None else
       lambda state, index: _control.check(handle, index, after=state))
   (count, carry), ys = out[:2]
+  if stop is not None:
+    count = count + _control.end(handle, after=(carry, ys))
   _close(site, handle, count, (carry, ys))
   if stop is None:
     return carry, ys
@@ -484,6 +486,8 @@ def _while(cond_fun, body_fun, init_val, total, *, desc, every, unit, leave,
   count, carry, _, reason = lax.while_loop(
       lambda state: cond_fun(state[1]) & (state[3] == 0), chunk,
       (count, init_val, jnp.int32(0), jnp.int32(0)))
+  if stop is not None:
+    count = count + _control.end(handle, after=carry)
   _close(site, handle, count, carry)
   if stop is None:
     return carry

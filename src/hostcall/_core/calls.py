@@ -8,11 +8,14 @@ postpones (taps) logs it for the next barrier. ``KeyboardInterrupt`` and
 ``SystemExit`` (Ctrl-C, a signal handler's ``sys.exit()``) always stop a
 computation that waits for the host function; one that does not wait (an
 asynchronous delivery) has gone on, so they are postponed like any failure.
+The JAX error a ``SystemExit`` becomes, left uncaught, ends the process with
+the status ``sys.exit()`` asked for, as the ``SystemExit`` would have.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Callable, Sequence
 
 import numpy as np
@@ -25,6 +28,7 @@ from hostcall._core.targets import HostTarget
 logger = logging.getLogger("hostcall")
 
 _abort_hooks: list[Callable[[], None]] = []
+_excepthook_before: list = []  # sys.excepthook before ours, once installed
 
 
 def add_abort_hook(hook: Callable[[], None]) -> None:
@@ -55,6 +59,12 @@ def run(target: HostTarget, flat_args: Sequence[np.ndarray],
     return _deliver(target, flat_args, context)
 
 
+def is_host_function_entry(frame) -> bool:
+  """Whether ``frame`` is where hostcall calls a host function (the frames
+  above it are the function's, and whatever interrupts it)."""
+  return frame.f_code is _deliver.__code__
+
+
 def _deliver(target, flat_args, context) -> tuple:
   failure = None
   try:
@@ -81,4 +91,26 @@ def _stop_computation(target, exc: BaseException) -> BaseException:
   """Logs ``exc`` and returns what to raise into the runtime for it."""
   errors.log_failure(target.label, exc, target.jax_name)
   run_hooks(_abort_hooks)
+  if isinstance(exc, SystemExit):
+    _exit_if_uncaught()
   return errors.for_runtime(exc, target.label)
+
+
+def _exit_if_uncaught() -> None:
+  """Makes the JAX error that a ``SystemExit`` becomes (the runtime carries
+  no other kind) end the process with the ``SystemExit``'s status where no
+  one catches it: else ``sys.exit(6)`` in a signal handler would end it
+  with 1, the status of any uncaught error."""
+  if not _excepthook_before:
+    _excepthook_before.append(sys.excepthook)
+    sys.excepthook = _excepthook
+
+
+def _excepthook(exc_type, error, tb) -> None:
+  original = errors.original_error(error)
+  if isinstance(original, SystemExit):
+    # Raised from sys.excepthook, a SystemExit ends the interpreter with its
+    # status (after the exit hooks, which deliver what is queued); logged
+    # already, it is not printed again, as sys.exit() prints nothing.
+    raise original
+  _excepthook_before[0](exc_type, error, tb)
