@@ -428,21 +428,26 @@ def test_a_check_waits_for_its_chunks_results():
           if hasattr(inner, "eqns"):
             yield from find(inner, name)
 
-  (body, check), = find(jaxpr.jaxpr, "hostcall_control_check")
-  # Walk the witness operand back to what produced it: the inner scan.
-  producers = {v: e for e in body.eqns for v in e.outvars}
-  pending, seen = [check.invars[2]], set()
-  while pending:
-    var = pending.pop()
-    eqn = producers.get(var)
-    if eqn is None or id(eqn) in seen:
-      continue
-    seen.add(id(eqn))
-    if eqn.primitive.name == "scan":
-      break
-    pending.extend(v for v in eqn.invars if not hasattr(v, "val"))
-  else:
-    pytest.fail("the check's operands do not wait for the chunk's scan")
+  def waits_for_a_loop(body, check):
+    # Walk the witness operand back to what produced it: a loop.
+    producers = {v: e for e in body.eqns for v in e.outvars}
+    pending, seen = [check.invars[2]], set()
+    while pending:
+      var = pending.pop()
+      eqn = producers.get(var)
+      if eqn is None or id(eqn) in seen:
+        continue
+      seen.add(id(eqn))
+      if eqn.primitive.name in ("scan", "while"):
+        return True
+      pending.extend(v for v in eqn.invars if not hasattr(v, "val"))
+    return False
+
+  checks = list(find(jaxpr.jaxpr, "hostcall_control_check"))
+  assert len(checks) == 1  # in the chunk loop
+  for body, check in checks:
+    assert waits_for_a_loop(body, check), (
+        "a check's operands do not wait for its loop")
 
 
 @pytest.mark.parametrize("steered", [False, True])

@@ -8,6 +8,7 @@ that none is missing). If one fails after a JAX upgrade, update that module
 
 import inspect
 import pathlib
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -265,6 +266,42 @@ def test_hide_frames_of_registers_an_exclusion(tmp_path):
   from jax._src import traceback_util
   _jax_private.hide_frames_of(str(tmp_path))
   assert str(tmp_path) in traceback_util._exclude_paths
+
+
+def test_host_callbacks_are_called_through_callback_frames():
+  # On CPU, JAX runs a computation with a host callback in the calling
+  # thread: below JAX's callback frames lies the frame that called it.
+  seen = []
+
+  def host(x):
+    frame = sys._getframe(1)
+    callback = []
+    while frame is not None:
+      if _jax_private.is_callback_frame(frame):
+        callback.append(frame)
+      elif callback:
+        break
+      frame = frame.f_back
+    seen.append((bool(callback), frame.f_code.co_name if frame else None))
+    return x
+
+  jax.jit(lambda x: jax.pure_callback(host, F32, x))(np.float32(1))
+  assert seen == [(True, "__call__")]  # ExecuteReplicated.__call__
+  assert not _jax_private.is_callback_frame(sys._getframe())
+
+
+def test_jax_frames_are_told_from_others():
+  frames = []
+  jax.jit(lambda x: jax.pure_callback(
+      lambda v: (frames.append(sys._getframe(1)), v)[1], F32, x))(
+          np.float32(1))
+  frame, kinds = frames[0], []
+  while frame is not None:
+    kinds.append(_jax_private.is_jax_frame(frame))
+    frame = frame.f_back
+  # JAX's callback and dispatch frames, then this test's (and pytest's).
+  assert kinds[0] and not kinds[-1] and kinds.index(False) > 1
+  assert not _jax_private.is_jax_frame(sys._getframe())
 
 
 def test_trace_of_a_concrete_value_is_none():

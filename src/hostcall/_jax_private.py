@@ -350,6 +350,26 @@ def hide_frames_of(directory: str) -> None:
   _traceback_util.register_exclusion(directory)
 
 
+# The modules whose frames call a host callback from the runtime (JAX's
+# wrappers between the runtime and the Python function).
+_CALLBACK_FILES = frozenset({_callback.__file__, _private_mlir.__file__})
+
+
+def is_callback_frame(frame) -> bool:
+  """Whether ``frame`` is JAX's, calling a host callback for the runtime:
+  the frames below such a frame (if any) are those of the thread that waits
+  for the computation."""
+  return frame.f_code.co_filename in _CALLBACK_FILES
+
+
+_JAX_DIR = jax.__file__.rsplit("__init__.py", 1)[0]
+
+
+def is_jax_frame(frame) -> bool:
+  """Whether ``frame`` runs JAX's code (its dispatch, say)."""
+  return frame.f_code.co_filename.startswith(_JAX_DIR)
+
+
 def trace_of(value):
   """The trace a tracer belongs to (None for a concrete value or a value
   JAX does not trace). Raises when JAX's tracers stop keeping it."""

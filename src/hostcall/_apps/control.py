@@ -14,6 +14,16 @@ left and returns its state with how many steps it ran and why it stopped.
 
 Every device running one invocation stops after the same check (see
 ``hostcall_control.cc``); under ``vmap`` every lane stops with the others.
+
+Ctrl-C: hostcall's SIGINT handler is installed while an interruptible loop
+runs, and the one it replaced is put back as soon as none does. A loop stops
+running when its computation goes past it (the loop's finish, a
+synchronous call each device makes after the loop: not its bar's close,
+which waits behind the loop's asynchronous taps) or fails: where the computation runs in a Python thread
+(JAX runs one with host callbacks in the thread that called it, on CPU),
+the frame that called it is watched, and its return ends the loops the
+computation opened (``_Reaper``); elsewhere a failed loop ends at the next
+barrier, which closes its bar.
 """
 
 from __future__ import annotations
@@ -23,7 +33,9 @@ import itertools
 import logging
 import math
 import numbers
+import os
 import signal
+import sys
 import threading
 import time
 from typing import Any, Callable, NamedTuple
@@ -37,6 +49,7 @@ from hostcall import _jax_private
 from hostcall._apps import bars as _bars
 from hostcall._async import native
 from hostcall._core import calls, emission, errors
+from hostcall._core.primitive import is_eager_call
 from hostcall._core.targets import hash_key
 
 logger = logging.getLogger("hostcall")
@@ -54,6 +67,9 @@ STOP_WHEN = 3
 FAILED = 4
 # How long a check waits for the predicate before going on undecided.
 _PREDICATE_WAIT = 60.0
+#: The index of the check a loop makes once it has ended (``end``).
+# Seconds between two looks at the frames that run interruptible loops.
+_REAP_INTERVAL = 0.02
 
 _REASON_NAMES = {0: None, INTERRUPTED: "interrupted", TIME_LIMIT: "time_limit",
                  STOP_WHEN: "stop_when", FAILED: "failed"}
@@ -197,6 +213,88 @@ class _PythonGroup:
     self.handles = 0
 
 
+def _frame_waiting_for_the_loop():
+  """The frame of the calling thread that waits for the computation running
+  this host function, a loop's open (it returns when the computation ends,
+  whether it finished or failed), or None: where the runtime runs it in a
+  thread of its own, with no Python frame below the callback, or where the
+  open is a computation of its own, the loop another (outside ``jit``)."""
+  frame = sys._getframe(1)
+  while frame is not None and not _jax_private.is_callback_frame(frame):
+    frame = frame.f_back
+  while frame is not None and _jax_private.is_callback_frame(frame):
+    frame = frame.f_back
+  caller = frame
+  while caller is not None and _jax_private.is_jax_frame(caller):
+    caller = caller.f_back
+  if caller is not None and is_eager_call(caller):
+    return None
+  return frame
+
+
+def _on_stack(top, frame) -> bool:
+  while top is not None:
+    if top is frame:
+      return True
+    top = top.f_back
+  return False
+
+
+class _Reaper:
+  """Ends the interruptible loops whose computation has ended without
+  saying so (it failed before the loop's last check): a loop opened by a
+  computation that runs in a Python thread lives while the frame that
+  called the computation is on that thread's stack."""
+
+  def __init__(self, end: Callable[[int], None]):
+    self._end = end
+    self._lock = threading.Lock()
+    self._watching = threading.Condition(self._lock)
+    self._watched: dict[int, tuple[int, Any]] = {}  # handle -> (thread, frame)
+    self._thread: threading.Thread | None = None
+
+  def watch(self, handle: int, frame) -> None:
+    with self._lock:
+      self._watched[handle] = (threading.get_ident(), frame)
+      if self._thread is None or not self._thread.is_alive():
+        self._thread = threading.Thread(target=self._loop, daemon=True,
+                                        name="hostcall-loop-reaper")
+        self._thread.start()
+      self._watching.notify_all()
+
+  def forget(self, handle: int) -> None:
+    with self._lock:
+      self._watched.pop(handle, None)  # (holds the frame, and its locals)
+
+  def reap(self) -> None:
+    """Ends, now, the watched loops whose computation has ended."""
+    with self._lock:
+      watched = list(self._watched.items())
+    if not watched:
+      return
+    stacks = sys._current_frames()
+    try:
+      ended = [handle for handle, (thread, frame) in watched
+               if not _on_stack(stacks.get(thread), frame)]
+    finally:
+      del stacks  # frames of every thread: let them go now
+    for handle in ended:
+      self.forget(handle)
+      self._end(handle)
+
+  def _loop(self) -> None:
+    while True:
+      with self._lock:
+        self._watching.wait_for(lambda: self._watched)
+        # Polls, at most every _REAP_INTERVAL, only while loops run: no
+        # event tells when a computation fails outside hostcall.
+        self._watching.wait(_REAP_INTERVAL)
+      try:
+        self.reap()
+      except BaseException:  # noqa: BLE001 - the reaper never dies
+        logger.exception("hostcall: watching interruptible loops failed")
+
+
 class _Failure:
   """A host function's failure contained in a steered loop's group, until
   the loop has stopped and its ``finish`` raises it."""
@@ -228,11 +326,14 @@ class _Controls(calls.Containment):
     self._key_of: dict[int, tuple] = {}     # handle -> its (site, index)
     self._python: dict[int, _PythonGroup] = {}
     self._python_group_of: dict[int, int] = {}
+    # Handles whose loop runs now -> whether Ctrl-C stops it (Python).
+    self._running: dict[int, bool] = {}
     self._interrupts = 0                    # the Python handler's count
     self._first_taken = False
     self._previous_handler = None
     self._device_of: dict[int, Any] = {}    # open handle -> its device
     self._failures: dict[int, _Failure] = {}  # group -> contained failure
+    self._reaper = _Reaper(self.end)
 
   # -- opening and closing -------------------------------------------------
 
@@ -254,10 +355,15 @@ class _Controls(calls.Containment):
                        None)
       if inherited is not None:
         self._failures.setdefault(group, inherited)
+    if stop.interruptible:
+      frame = _frame_waiting_for_the_loop()
+      if frame is not None:
+        self._reaper.watch(handle, frame)
+      del frame
     lib = native.load()
     if lib is not None:
-      if stop.interruptible:
-        lib.held.hostcall_control_install_sigint()
+      # (Installs the SIGINT handler if this is the first interruptible
+      # loop running.)
       limit = stop.time_limit
       lib.held.hostcall_control_open(
           handle, group,
@@ -270,17 +376,34 @@ class _Controls(calls.Containment):
       self._open[handle] = (group, stop, time.monotonic())
     if lib is not None:
       return
+    if stop.interruptible:
+      self.install_python_handler()
     with self._lock:
       state = self._python.get(group)
       if state is None:
         state = self._python[group] = _PythonGroup(stop, self._interrupts)
-        if stop.interruptible and not self._interruptible_open():
-          self._first_taken = False
+      if stop.interruptible and not self._interruptible_open():
+        self._first_taken = False  # a new run of loops: the next Ctrl-C
       state.handles += 1
       self._python_group_of[handle] = group
       self._evaluated[handle] = 0
+      self._running[handle] = stop.interruptible
+
+  def end(self, handle: int) -> None:
+    """``handle``'s loop no longer runs (its computation went past it, or
+    failed): Ctrl-C is no longer its. The rest waits for its close."""
+    self._reaper.forget(handle)
+    lib = native.load()
+    if lib is not None:
+      lib.held.hostcall_control_end(handle)
+      return
+    with self._lock:
+      if not self._running.pop(handle, False) or self._interruptible_open():
+        return
+    self._restore_python_handler()
 
   def close(self, handle: int) -> None:
+    self.end(handle)
     with self._lock:
       if handle in self._key_of:
         group_key = self._key_of.pop(handle)
@@ -342,6 +465,7 @@ class _Controls(calls.Containment):
     """After a steered loop stopped on a device: raises the failure its
     group contained, if any (also for a loop that another process's failure
     stopped)."""
+    self.end(handle)  # takes no more Ctrl-C
     with self._lock:
       failure = self._failure_of(handle)
       if failure is not None:
@@ -358,7 +482,7 @@ class _Controls(calls.Containment):
           "and traceback are in that process's log.")
 
   def _interruptible_open(self) -> bool:
-    return any(s.interruptible for s in self._python.values())
+    return any(self._running.values())
 
   # -- the host's decisions ------------------------------------------------
 
@@ -437,29 +561,55 @@ class _Controls(calls.Containment):
   def install_python_handler(self) -> None:
     """Where the native library is missing: a Python SIGINT handler (which
     runs when the main thread next runs Python: while it waits for the
-    loop, only after it)."""
+    loop, only in the loop's host calls, or after it). Installed when an
+    interruptible loop is traced or opens in the main thread; put back
+    when none runs, from the main thread (where the last loop ended
+    elsewhere, or failed, at the next SIGINT, which it passes on)."""
     if native.load() is not None:
       return
     if threading.current_thread() is not threading.main_thread():
       return
     current = signal.getsignal(signal.SIGINT)
-    if current is self._on_sigint:
+    # ==, not `is`: each access to a bound method makes a new object; a
+    # handler installed over itself would call itself for every SIGINT.
+    if current == self._on_sigint:
       return
     self._previous_handler = current
     signal.signal(signal.SIGINT, self._on_sigint)
 
+  def _restore_python_handler(self) -> None:
+    if threading.current_thread() is not threading.main_thread():
+      return
+    previous = self._previous_handler
+    if (previous is not None
+        and signal.getsignal(signal.SIGINT) == self._on_sigint):
+      signal.signal(signal.SIGINT, previous)
+
   def _on_sigint(self, signo, frame):
+    self._reaper.reap()  # loops whose computation failed take no Ctrl-C
     with self._lock:
-      take = self._interruptible_open() and not self._first_taken
+      running = self._interruptible_open()
+      take = running and not self._first_taken
       if take:
         self._first_taken = True
         self._interrupts += 1
     if take:
       return
+    if not running:
+      # None runs: put the handler back (from here, the main thread: the
+      # loop ended or failed in another).
+      self._restore_python_handler()
     previous = self._previous_handler
+    if previous == signal.SIG_IGN:
+      return
+    if previous == signal.SIG_DFL:
+      # What SIGINT does without a handler: end the process by it.
+      signal.signal(signal.SIGINT, signal.SIG_DFL)
+      os.kill(os.getpid(), signal.SIGINT)
+      return
     if callable(previous):
       previous(signo, frame)
-    else:
+    else:  # installed outside Python: Python's own behaviour
       raise KeyboardInterrupt
 
   def interrupts(self) -> int:
@@ -468,6 +618,13 @@ class _Controls(calls.Containment):
     if lib is not None:
       return int(lib.held.hostcall_control_interrupts())
     return self._interrupts
+
+  def sigint_installed(self) -> bool:
+    """Whether hostcall's SIGINT handler is installed now."""
+    lib = native.load()
+    if lib is not None:
+      return bool(lib.held.hostcall_control_sigint_installed())
+    return signal.getsignal(signal.SIGINT) == self._on_sigint
 
 
 controls = _Controls()

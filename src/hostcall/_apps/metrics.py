@@ -482,5 +482,15 @@ def _close_all_at_exit() -> None:
         logger.exception("hostcall: closing %r at exit failed", run)
 
 
+def _forget_runs_in_a_forked_child() -> None:
+  # The open runs, their rows and files are the parent's: a forked child's
+  # exit must not wait for the parent's writer thread, which it lacks, nor
+  # close the parent's files. (No lock is taken: one a parent's thread held
+  # at the fork stays held in the child for good.)
+  _open_runs.clear()
+  _writer_thread.__init__()
+
+
 add_barrier_hook(_flush_all)
 atexit.register(_close_all_at_exit)
+os.register_at_fork(after_in_child=_forget_runs_in_a_forked_child)

@@ -10,6 +10,13 @@
 // normally) and hands any other to the handler it replaced (Python's, which
 // raises KeyboardInterrupt).
 //
+// That handler is installed only while an interruptible loop runs: from the
+// open of the first until the last one's computation has left the loop
+// (hostcall_control_end: the loop's finish, which each device calls on the
+// host once it left the loop, or the host's finding that its computation
+// failed), when the handler it replaced is put back. The close of a loop's bar comes later (an asynchronous event, behind
+// the loop's taps) and must not keep Ctrl-C from Python meanwhile.
+//
 // A loop with a host predicate waits, at check k, until the predicate has
 // seen chunk k - 1 (whose tick is delivered asynchronously, while the
 // device runs chunk k): it stops within one check of the predicate saying
@@ -71,10 +78,13 @@ State& state() {
 }
 
 std::atomic<int64_t> interrupts{0};           // SIGINTs taken for loops
-std::atomic<int64_t> interruptible_open{0};   // their handles open now
+std::atomic<int64_t> interruptible_open{0};   // their handles running now
 std::atomic<int64_t> predicate_open{0};       // handles waiting on predicates
 std::atomic<int> first_taken{0};              // 1 once one SIGINT was taken
+// What SIGINT did before hostcall's handler; read by OnSigint, written only
+// while it is not installed (sigint_mu orders installing and restoring).
 struct sigaction previous_action;
+std::mutex sigint_mu;
 
 int64_t NowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -96,6 +106,50 @@ void OnSigint(int signo, siginfo_t* info, void* context) {
   } else if (previous_action.sa_handler != SIG_IGN) {
     previous_action.sa_handler(signo);
   }
+}
+
+bool OursInstalled() {
+  struct sigaction current;
+  return sigaction(SIGINT, nullptr, &current) == 0 &&
+         (current.sa_flags & SA_SIGINFO) && current.sa_sigaction == OnSigint;
+}
+
+// Called with sigint_mu held, when the first interruptible handle opens.
+void InstallSigint() {
+  if (OursInstalled()) return;
+  struct sigaction current;
+  if (sigaction(SIGINT, nullptr, &current) != 0) return;
+  previous_action = current;
+  struct sigaction ours = {};
+  ours.sa_sigaction = OnSigint;
+  ours.sa_flags = SA_SIGINFO | SA_ONSTACK;
+  sigemptyset(&ours.sa_mask);
+  sigaction(SIGINT, &ours, nullptr);
+}
+
+// Called with sigint_mu held, when the last interruptible handle stops
+// running. A handler that Python installed over ours meanwhile
+// (signal.signal) stays.
+void RestoreSigint() {
+  if (OursInstalled()) sigaction(SIGINT, &previous_action, nullptr);
+}
+
+// Whether `handle` still counts as a running interruptible loop: cleared by
+// its end (or close), whichever comes first. Called with State::mu held.
+std::unordered_map<int64_t, bool>& running() {
+  static auto* r = new std::unordered_map<int64_t, bool>();
+  return *r;
+}
+
+// Called with State::mu held: `handle` no longer runs its loop.
+void StopRunning(int64_t handle) {
+  auto found = running().find(handle);
+  if (found == running().end()) return;
+  const bool interruptible = found->second;
+  running().erase(found);
+  if (!interruptible) return;
+  std::lock_guard<std::mutex> lock(sigint_mu);
+  if (interruptible_open.fetch_sub(1) == 1) RestoreSigint();
 }
 
 int32_t Poll(int64_t handle, int64_t check) {
@@ -178,9 +232,22 @@ void hostcall_control_open(int64_t handle, int64_t group,
   s.evaluated[handle] = 0;
   ++g.handles;
   if (g.predicate) predicate_open.fetch_add(1);
-  if (g.interruptible && interruptible_open.fetch_add(1) == 0) {
-    first_taken.store(0);  // a new run of loops: the next Ctrl-C is theirs
+  running()[handle] = g.interruptible;
+  if (g.interruptible) {
+    std::lock_guard<std::mutex> sigint_lock(sigint_mu);
+    if (interruptible_open.fetch_add(1) == 0) {
+      first_taken.store(0);  // a new run of loops: the next Ctrl-C is theirs
+      InstallSigint();
+    }
   }
+}
+
+// `handle`'s loop has ended (its computation went past it, or failed): it
+// takes no more Ctrl-C. What else it holds stays until its close.
+void hostcall_control_end(int64_t handle) {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  StopRunning(handle);
 }
 
 // A host predicate asks the group to stop, for `reason`.
@@ -219,8 +286,8 @@ void hostcall_control_close(int64_t handle) {
   s.group_of.erase(found);
   s.evaluated.erase(handle);
   s.evaluated_cv.notify_all();
+  StopRunning(handle);
   if (group == s.groups.end()) return;
-  if (group->second.interruptible) interruptible_open.fetch_sub(1);
   if (group->second.predicate) predicate_open.fetch_sub(1);
   if (--group->second.handles == 0) s.groups.erase(group);
 }
@@ -234,21 +301,10 @@ int64_t hostcall_control_poll(int64_t handle, int64_t check) {
   return Poll(handle, check);
 }
 
-// Installs the SIGINT handler, unless it is installed; returns 1 if it
-// installed it now. Python may replace it (signal.signal): the next open of
-// an interruptible loop installs it again, over what replaced it.
-int64_t hostcall_control_install_sigint() {
-  struct sigaction current;
-  if (sigaction(SIGINT, nullptr, &current) != 0) return 0;
-  if ((current.sa_flags & SA_SIGINFO) && current.sa_sigaction == OnSigint) {
-    return 0;
-  }
-  previous_action = current;
-  struct sigaction ours = {};
-  ours.sa_sigaction = OnSigint;
-  ours.sa_flags = SA_SIGINFO | SA_ONSTACK;
-  sigemptyset(&ours.sa_mask);
-  return sigaction(SIGINT, &ours, nullptr) == 0 ? 1 : 0;
+// Whether hostcall's SIGINT handler is installed now (1) or not (0).
+int64_t hostcall_control_sigint_installed() {
+  std::lock_guard<std::mutex> lock(sigint_mu);
+  return OursInstalled() ? 1 : 0;
 }
 
 // SIGINTs taken for interruptible loops so far.

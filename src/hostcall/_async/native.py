@@ -193,7 +193,8 @@ def _declare(lib) -> None:
       "hostcall_control_request": ([i64, i64], None),
       "hostcall_control_close": ([i64], None),
       "hostcall_control_poll": ([i64, i64], i64),
-      "hostcall_control_install_sigint": ([], i64),
+      "hostcall_control_end": ([i64], None),
+      "hostcall_control_sigint_installed": ([], i64),
       "hostcall_control_interrupts": ([], i64),
       "hostcall_control_predicates_open": ([], i64),
   }

@@ -8,6 +8,12 @@ their host functions in queue order, which is program order on each device.
 A full queue blocks the producer (back-pressure), never drops. ``barrier()``
 waits until everything queued so far is delivered; an ``atexit`` hook does
 the same before the interpreter exits.
+
+A child forked (``os.fork()``) from a process that started the queue has
+none of its threads: what is queued is the parent's to deliver, and the
+child's exit hook waits for nothing (it would wait forever for a thread the
+child does not have). The child cannot use the queue (JAX itself is not
+fork-safe): starting it there is an error.
 """
 
 from __future__ import annotations
@@ -221,11 +227,32 @@ class Consumer:
     self.gather = DEFAULT_GATHER
     self._delivering = False  # the consumer is inside a host function
     self._bypassing = False
+    #: Whether this process is a child forked from one that started the
+    #: queue (whose threads, and what they were to deliver, it lacks).
+    self.forked = False
+
+  def after_fork_in_child(self) -> None:
+    """In a forked child (``os.register_at_fork``): forgets the parent's
+    queue and threads. Takes no lock: one a parent's thread held at the
+    fork stays held in the child for good."""
+    if self._queue is None:
+      return
+    self.forked = True
+    self._lock = threading.Lock()
+    self._done = threading.Condition()
+    self._queue = self._thread = None
+    self._delivering = self._bypassing = False
 
   def start(self):
     """Starts the queue (the native library built or loaded, the consumer
     thread running) if it is not yet; returns it. Explicit: lowering an
     asynchronous tap starts it, as does the first barrier that waits."""
+    if self.forked:
+      raise RuntimeError(
+          "hostcall: this process was forked (os.fork()) from one whose "
+          "asynchronous queue ran; neither hostcall nor JAX can run here. "
+          "Start worker processes with the 'spawn' or 'forkserver' method "
+          "of multiprocessing instead.")
     with self._lock:
       if self._queue is None:
         lib = native.load()
@@ -386,11 +413,15 @@ class Consumer:
 
 
 consumer = Consumer()
+os.register_at_fork(after_in_child=consumer.after_fork_in_child)
 
 
 def wait() -> None:
   """Waits for running computations, then for their queued taps, then for
-  the taps of computations their host functions ran, and so on."""
+  the taps of computations their host functions ran, and so on. In a
+  forked child, nothing: those computations and taps are the parent's."""
+  if consumer.forked:
+    return
   _jax_private.wait_for_effects()
   for _ in range(_MAX_BARRIER_ROUNDS):
     target = consumer.pushed()

@@ -9,12 +9,14 @@ the barrier hooks (applications flush rows, close orphaned bars);
 from __future__ import annotations
 
 import logging
+import signal
+import sys
 import threading
 import time
 from typing import Callable
 
 from hostcall._async import queue
-from hostcall._core import errors
+from hostcall._core import calls, errors
 from hostcall._core.calls import run_hooks
 from hostcall._core.context import why_waiting_is_forbidden
 
@@ -53,6 +55,12 @@ def barrier(logging_name: str | None = None) -> None:
   Raises ``CallbackException`` if a tap function raised since the last
   barrier, with the last exception's text and traceback.
 
+  Called from a signal handler that interrupted a host function (say, a
+  ``SIGTERM`` handler's ``hostcall.barrier(); sys.exit()`` during a
+  synchronous tap), it delivers the asynchronous taps already queued and
+  returns: the computation running that host function cannot end before
+  it, and failures wait for the next barrier.
+
   Arguments:
     logging_name: a name for this barrier in hostcall's debug log.
 
@@ -66,6 +74,15 @@ def barrier(logging_name: str | None = None) -> None:
     [3]
   """
   inside = why_waiting_is_forbidden()
+  if inside is not None and _in_a_signal_handler(sys._getframe(1)):
+    # A signal handler (SIGTERM's `barrier(); sys.exit()`) that interrupted
+    # a host function of the main thread: the computation waits for that
+    # function, so waiting for the computation would wait for itself. What
+    # can be had is what an exit would lose: the taps already queued.
+    logger.debug("barrier %s: in a signal handler inside a host function: "
+                 "delivering what is queued", logging_name or "")
+    queue.consumer.drain()
+    return
   if inside is not None:
     raise RuntimeError(
         f"hostcall.barrier() / barrier_wait() was called from inside {inside}"
@@ -76,3 +93,25 @@ def barrier(logging_name: str | None = None) -> None:
   settle()
   logger.debug("barrier %s: done", logging_name or "")
   errors.raise_postponed()
+
+
+def _in_a_signal_handler(frame) -> bool:
+  """Whether ``frame`` is (called by) a Python signal handler that runs
+  inside a host function: the handlers run in the main thread, between two
+  bytecodes of whatever it runs, a host function included."""
+  if threading.current_thread() is not threading.main_thread():
+    return False
+  handlers = set()
+  for signum in signal.valid_signals():
+    try:
+      handler = signal.getsignal(signum)
+    except (OSError, ValueError):
+      continue
+    code = getattr(getattr(handler, "__func__", handler), "__code__", None)
+    if code is not None:
+      handlers.add(code)
+  while frame is not None and not calls.is_host_function_entry(frame):
+    if frame.f_code in handlers:
+      return True
+    frame = frame.f_back
+  return False

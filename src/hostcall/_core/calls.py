@@ -15,11 +15,15 @@ processes) may be *contained* instead: the application that owns the loop
 (``set_containment``) takes it, the call returns zeros, the device's later
 host calls are skipped, every device stops at the loop's next check, and the
 failure is raised on each of them then.
+
+The JAX error a ``SystemExit`` becomes, left uncaught, ends the process with
+the status ``sys.exit()`` asked for, as the ``SystemExit`` would have.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Callable, Sequence
 
 import numpy as np
@@ -32,6 +36,7 @@ from hostcall._core.targets import HostTarget
 logger = logging.getLogger("hostcall")
 
 _abort_hooks: list[Callable[[], None]] = []
+_excepthook_before: list = []  # sys.excepthook before ours, once installed
 
 
 def add_abort_hook(hook: Callable[[], None]) -> None:
@@ -114,6 +119,12 @@ def run(target: HostTarget, flat_args: Sequence[np.ndarray],
   raise failure
 
 
+def is_host_function_entry(frame) -> bool:
+  """Whether ``frame`` is where hostcall calls a host function (the frames
+  above it are the function's, and whatever interrupts it)."""
+  return frame.f_code is deliver.__code__
+
+
 def deliver(target: HostTarget, flat_args: Sequence[np.ndarray],
             context: CallContext) -> tuple:
   """``target.deliver`` under ``target``'s failure policy, in the call
@@ -155,4 +166,26 @@ def _stop_computation(target, exc: BaseException) -> BaseException:
   if target.containable:  # else: a contained failure, logged when it came
     errors.log_failure(target.label, exc, target.jax_name)
   run_hooks(_abort_hooks)
+  if isinstance(exc, SystemExit):
+    _exit_if_uncaught()
   return errors.for_runtime(exc, target.label)
+
+
+def _exit_if_uncaught() -> None:
+  """Makes the JAX error that a ``SystemExit`` becomes (the runtime carries
+  no other kind) end the process with the ``SystemExit``'s status where no
+  one catches it: else ``sys.exit(6)`` in a signal handler would end it
+  with 1, the status of any uncaught error."""
+  if not _excepthook_before:
+    _excepthook_before.append(sys.excepthook)
+    sys.excepthook = _excepthook
+
+
+def _excepthook(exc_type, error, tb) -> None:
+  original = errors.original_error(error)
+  if isinstance(original, SystemExit):
+    # Raised from sys.excepthook, a SystemExit ends the interpreter with its
+    # status (after the exit hooks, which deliver what is queued); logged
+    # already, it is not printed again, as sys.exit() prints nothing.
+    raise original
+  _excepthook_before[0](exc_type, error, tb)

@@ -113,6 +113,12 @@ def _impl(*args, **params):
   return _compiled(**params)(*args)
 
 
+def is_eager_call(frame) -> bool:
+  """Whether ``frame`` runs one call outside ``jit`` (``_impl``): as a
+  computation of its own, apart from what comes before and after it."""
+  return frame.f_code is _impl.__code__
+
+
 def _run_inline(*args, target, transforms, kind, **_):
   """Called outside ``jit`` (under ``jax.disable_jit()``, or for a debug
   callback, as JAX calls its own): the host function runs right here."""
