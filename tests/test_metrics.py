@@ -75,7 +75,7 @@ def test_buffered_loop_writes_whole_chunks_in_order(tmp_path):
 
 def test_the_writer_joins_waiting_blocks_with_the_same_columns(tmp_path):
   import threading
-  from hostcall._apps import writer_thread
+  from hostcall._apps.metrics import writer_thread
   entered, release, writes = threading.Event(), threading.Event(), []
 
   class Held(metrics.Writer):
@@ -94,7 +94,7 @@ def test_the_writer_joins_waiting_blocks_with_the_same_columns(tmp_path):
     assert entered.wait(60)
     for i, log in enumerate([loss, acc, acc, loss, loss, pair, loss], 1):
       log(i)
-    writer = writer_thread._writer_thread
+    writer = writer_thread.shared
     # Every put is queued behind the held write; then let it go.
     poll = threading.Event()
     for _ in range(12_000):  # up to a minute

@@ -13,7 +13,7 @@ import pytest
 import hostcall
 from hostcall import host_callback as hcb
 from hostcall import metrics
-from hostcall._apps import writer_thread
+from hostcall._apps.metrics import writer_thread
 
 
 def test_rows_logged_while_the_run_is_recreated_are_each_kept_once(tmp_path):
@@ -49,8 +49,8 @@ def test_rows_logged_while_the_run_is_recreated_are_each_kept_once(tmp_path):
 
 def test_a_writer_slower_than_the_device_holds_it_back_not_memory(
     monkeypatch, tmp_path):
-  monkeypatch.setattr(writer_thread._Writers, "MAX_PENDING_BLOCKS", 8)
-  writers = writer_thread._writer_thread
+  monkeypatch.setattr(writer_thread.WriterThread, "MAX_PENDING_BLOCKS", 8)
+  writers = writer_thread.shared
   release = threading.Event()
   pending_seen = []
 
@@ -168,19 +168,21 @@ def test_a_name_utf8_cannot_carry_is_written_escaped_to_csv(tmp_path):
 
 
 class _FakeRun:
-  """What the writer thread hands blocks to, recorded."""
+  """What the writer thread hands blocks to (a writer_thread.Sink),
+  recorded."""
 
   def __init__(self):
     self.got = []
-    self._tally = self  # what the writer thread reports written puts to
+    self.tally = self  # what the writer thread reports written puts to
     self.written = 0
 
   def add(self, count):
     self.written += count
 
-  def _write(self, block, count=1):
-    self.got.append((None if block is None else block.step.tolist(), count))
-    return 0 if block is None else count
+  def write(self, block, count=1):
+    resume = block is writer_thread.RESUME
+    self.got.append((None if resume else block.step.tolist(), count))
+    return 0 if resume else count
 
 
 def _block(*steps, name="v"):
@@ -189,7 +191,7 @@ def _block(*steps, name="v"):
 
 
 def _drain_through_a_fresh_writer_thread(items):
-  writers = writer_thread._Writers()
+  writers = writer_thread.WriterThread()
   for item in items:
     writers._queue.put(item)
   writers._pending_blocks = len(items)
@@ -203,7 +205,7 @@ def _drain_through_a_fresh_writer_thread(items):
 
 def test_the_writer_thread_joins_only_neighbours_it_may_and_loses_none():
   a, b = _FakeRun(), _FakeRun()
-  resume = writer_thread._RESUME
+  resume = writer_thread.RESUME
   _drain_through_a_fresh_writer_thread([
       (a, _block(0), 8), (a, resume, 0),  # a run's writers opening
       (a, _block(1), 8), (a, _block(2, 3), 16),
@@ -220,7 +222,7 @@ def test_blocks_that_cannot_be_joined_are_written_one_by_one(monkeypatch):
   def no_memory(blocks):
     raise MemoryError("joining blocks")
 
-  monkeypatch.setattr(writer_thread._writers, "concatenate", no_memory)
+  monkeypatch.setattr("hostcall._apps.metrics.block.concatenate", no_memory)
   run = _FakeRun()
   _drain_through_a_fresh_writer_thread(
       [(run, _block(0), 8), (run, _block(1), 8), (run, _block(2), 8)])

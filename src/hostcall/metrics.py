@@ -9,11 +9,15 @@
     hostcall.metrics.plot("runs/fit")              # runs/fit/metrics.png
 """
 
-from hostcall._apps.metrics import Run, read
-from hostcall._apps.plot import plot
-from hostcall._apps.writers import (Block, CsvWriter, IncompleteRowsWarning,
-                                    JsonlWriter, MemoryWriter,
-                                    TensorBoardWriter, Writer)
+from hostcall._apps.metrics.block import Block
+from hostcall._apps.metrics.csv import CsvWriter
+from hostcall._apps.metrics.jsonl import JsonlWriter
+from hostcall._apps.metrics.memory import MemoryWriter
+from hostcall._apps.metrics.plot import plot
+from hostcall._apps.metrics.reading import IncompleteRowsWarning, read
+from hostcall._apps.metrics.run import Run
+from hostcall._apps.metrics.tensorboard import TensorBoardWriter
+from hostcall._apps.metrics.writer import Writer
 
 __all__ = ["Block", "CsvWriter", "IncompleteRowsWarning", "JsonlWriter",
            "MemoryWriter", "Run", "TensorBoardWriter", "Writer", "plot",

@@ -38,6 +38,7 @@ def run(args) -> int:
   import numpy
 
   import hostcall
+  from hostcall._apps.metrics import registry
   from hostcall._async import delivery, native
 
   print(f"hostcall {hostcall.__version__}")
@@ -58,7 +59,23 @@ def run(args) -> int:
       f"ipywidgets {widgets} (widget bars in Jupyter)"
       if widgets != "not installed" else
       "not installed (text bars in Jupyter; pip install 'hostcall[notebook]')"))
+  # The metrics writers' extras come from their registry: a new writer
+  # behind an extra shows here without an edit.
+  needed = [d for entry in registry.extras() for d in entry.requires]
   print("extras: " + ", ".join(
-      f"{name} {_version(name)}" for name in
-      ("tqdm", "pandas", "matplotlib", "tensorboardX", "scipy")))
+      f"{name} {_version(name)}" for name in dict.fromkeys(
+          ["tqdm", "pandas", "matplotlib", "scipy", *needed])))
+  print("metrics writers: " + ", ".join(
+      _writer(entry) for entry in registry.WRITERS))
   return 0
+
+
+def _writer(entry) -> str:
+  """A named writer, and the extra it needs if any: installed or how to."""
+  if entry.extra is None:
+    return entry.name
+  missing = [d for d in entry.requires if _version(d) == "not installed"]
+  if missing:
+    return f"{entry.name} (not installed: {entry.hint()})"
+  versions = ", ".join(f"{d} {_version(d)}" for d in entry.requires)
+  return f"{entry.name} ({versions})"

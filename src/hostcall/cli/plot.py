@@ -18,10 +18,10 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-  from hostcall._apps import plot, writers
+  from hostcall._apps.metrics import plot, reading
   try:
     if args.metric:
-      records = writers.read_records(args.run)
+      records = reading.read_records(args.run)
       present = sorted({name for row in records for name in row}
                        - {"step", "member", "device"})
       missing = [m for m in args.metric if m not in present]

@@ -7,7 +7,7 @@ import math
 import os
 import pathlib
 
-from hostcall._apps import writers as _writers
+from hostcall._apps.metrics import files, reading
 
 
 def plot(run, out: str | os.PathLike | None = None, *,
@@ -57,13 +57,13 @@ def plot(run, out: str | os.PathLike | None = None, *,
     raise TypeError(f"plot's log_scale= is True, False or None (chosen per "
                     f"metric), got {log_scale!r}.")
   if out is not None:
-    _writers.as_path(out, "plot's out= (the PNG to write)")
+    files.as_path(out, "plot's out= (the PNG to write)")
   if hasattr(run, "records"):
     records, directory = run.records(), run.dir
   else:
-    path = _writers.as_path(run, "plot's run (a hostcall.metrics.Run, a run "
-                            "directory or its metrics file)")
-    records = _writers.read_records(path)
+    path = files.as_path(run, "plot's run (a hostcall.metrics.Run, a run "
+                         "directory or its metrics file)")
+    records = reading.read_records(path)
     directory = path if path.is_dir() else path.parent
   names = metrics or _scalar_metrics(records)
   if metrics:

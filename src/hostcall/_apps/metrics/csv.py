@@ -1,0 +1,149 @@
+"""``CsvWriter``: a CSV table with a header (``Run(writers=["csv"])`` writes
+``<run>/metrics.csv``)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import pathlib
+
+from hostcall._apps.metrics import files, reading
+from hostcall._apps.metrics.block import Block, column_texts
+from hostcall._apps.metrics.writer import Writer
+
+
+def _flat_columns(name: str, values: np.ndarray) -> dict[str, np.ndarray]:
+  """A metric as CSV columns: ``name`` for a scalar, ``name[i]`` (flat,
+  row-major index) for each element of an array."""
+  if values.ndim == 1:
+    return {name: values}
+  flat = values.reshape(len(values), -1)
+  return {f"{name}[{i}]": flat[:, i] for i in range(flat.shape[1])}
+
+
+def _utf8_text(name: str) -> str:
+  """``name`` with what UTF-8 cannot encode escaped (``\\udcff``)."""
+  return name.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+class CsvWriter(Writer):
+  """A CSV table with a header; an array metric takes one column an element
+  (``w[0]``, ``w[1]``, ...). A metric first logged after rows were written
+  widens the table (the file is rewritten once, earlier rows left empty).
+
+  What ``Run(writers=["csv"])`` writes to ``<root>/<name>/metrics.csv``.
+  The file is created at the first block (its directory at once). Two
+  metrics that would take the same column (an array ``w`` and a scalar
+  named ``w[0]``) make ``write`` raise ``ValueError`` rather than write a
+  corrupt table.
+
+  The file is appended to, each block's rows in one write: a file
+  truncated from outside (logrotate's ``copytruncate``) goes on from its
+  new start, and a block that finds it empty writes the header again
+  first, so that the file left is a table of its own.
+
+  Arguments:
+    path: the file to write.
+
+  Attributes:
+    path: the file written, as a ``pathlib.Path``.
+
+  Example:
+    >>> import numpy as np, hostcall
+    >>> writer = hostcall.metrics.CsvWriter("runs/doc-csv/metrics.csv")
+    >>> writer.write(hostcall.metrics.Block(
+    ...     step=np.array([0, 1]),
+    ...     metrics={"w": np.array([[1.0, 2.0], [3.0, 4.0]], np.float32)}))
+    >>> writer.close()
+    >>> print(writer.path.read_text(), end="")
+    step,w[0],w[1]
+    0,1.0,2.0
+    1,3.0,4.0
+  """
+
+  def __init__(self, path: str | os.PathLike):
+    self.path = pathlib.Path(path)
+    self.path.parent.mkdir(parents=True, exist_ok=True)
+    self._header: list[str] | None = None
+    self._fd: int | None = None
+    self._closed = False
+
+  def write(self, block: Block) -> None:
+    """Appends one line per row of ``block`` (in one write), widening the
+    table first if the block has new columns, and writing the header first
+    where the file is empty (truncated from outside).
+
+    Arguments:
+      block: the rows to write.
+
+    Raises:
+      ValueError: two metrics would be written to the same column.
+    """
+    columns = dict(block.index_columns())
+    for name, values in block.metrics.items():
+      # A name UTF-8 cannot carry (a lone surrogate) is written escaped.
+      flat = _flat_columns(_utf8_text(name), values)
+      clash = set(flat) & set(columns)
+      if clash:
+        raise ValueError(
+            f"the CSV writer writes metric {name!r} as column(s) "
+            f"{sorted(clash)}, which another metric already takes (an array "
+            "metric 'w' takes 'w[0]', 'w[1]', ...). Rename one of them, or "
+            "use the JSON Lines writer, which keeps arrays whole.")
+      columns.update(flat)
+    names = list(columns)
+    if self._closed:
+      raise ValueError(f"{self.path}: write to a closed CsvWriter")
+    if self._header is None:
+      self._open(names, [])
+    elif not set(names) <= set(self._header):
+      self._widen([n for n in names if n not in self._header])
+    texts = {name: column_texts(values, json_style=False)
+             for name, values in columns.items()}
+    out = io.StringIO(newline="")
+    csv.DictWriter(out, self._header, restval="").writerows(
+        dict(zip(texts, row)) for row in zip(*texts.values()))
+    data = out.getvalue()
+    if os.fstat(self._fd).st_size == 0:
+      data = self._header_line() + data  # truncated: a table again
+    files.write_all(self._fd, data.encode("utf-8"))
+
+  def _header_line(self) -> str:
+    out = io.StringIO(newline="")
+    csv.writer(out).writerow(self._header)
+    return out.getvalue()
+
+  def _open(self, names: list[str], rows: list[dict]) -> None:
+    """Starts the file afresh: the header, then ``rows``."""
+    self._header = names
+    if self._fd is not None:
+      os.close(self._fd)
+      self._fd = None
+    self._fd = files.open_for_append(self.path)
+    out = io.StringIO(newline="")
+    csv.DictWriter(out, names, restval="").writerows(rows)
+    files.write_all(self._fd, (self._header_line() + out.getvalue()).encode(
+        "utf-8"))
+
+  def _widen(self, extra: list[str]) -> None:
+    with open(self.path, newline="", encoding="utf-8",
+              errors="surrogateescape") as f:
+      text = f.read()
+    rows, _ = reading.csv_rows(text, convert=False)
+    self._open(self._header + extra, rows)
+
+  def flush(self) -> None:
+    """Nothing to do: each ``write`` hands its rows to the file."""
+
+  def close(self) -> None:
+    """Closes the file; closing twice does nothing."""
+    self._closed = True
+    fd, self._fd = self._fd, None
+    if fd is not None:
+      os.close(fd)
+
+
+def for_run(run_dir: pathlib.Path) -> CsvWriter:
+  """The writer of ``Run(writers=["csv"])``: ``<run_dir>/metrics.csv``."""
+  return CsvWriter(run_dir / "metrics.csv")

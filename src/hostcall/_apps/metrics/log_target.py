@@ -1,0 +1,78 @@
+"""``LogTarget``: the host side of one ``Run.log`` call site, which turns
+the values a tap delivers into a ``Block`` (one row per step and vmap
+member, with the device that logged it) and puts it on the run's sink."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import numpy as np
+
+from hostcall._apps.metrics.block import Block
+from hostcall._apps.metrics.sink import RunSink
+from hostcall._core import TapTarget
+from hostcall._core import target as _target
+
+
+@_target
+class LogTarget(TapTarget):
+  """The host side of one ``Run.log`` call site."""
+
+  sink: RunSink = dataclasses.field(compare=False)
+  run_id: int
+  names: tuple
+  has_step: bool
+
+  delivery = "async"  # the device never waits for the writers
+  remat = "once"  # a rematerialised step must not log its rows twice
+
+  def __repr__(self):
+    return f"metrics.Run({self.sink.name!r}).log{self.names}"
+
+  def deliver(self, flat_args, context):
+    self._add(flat_args, context, steps=None)
+    return ()
+
+  def deliver_steps(self, stacked, steps, context):
+    self._add(stacked, context, steps=steps)
+
+  def _add(self, args, context, steps: int | None) -> None:
+    sink = self.sink.current()
+    batch_rank = len(context.batch_levels) if context else 0
+    lanes = math.prod(np.shape(args[0])[:batch_rank]) if args else 1
+    rows = lanes * (steps or 1)
+
+    def rows_first(a):
+      a = np.asarray(a)
+      if steps is not None and batch_rank:  # (*batch, K, ...) -> (K, ...)
+        a = np.moveaxis(a, batch_rank, 0)
+      return a.reshape(rows, *a.shape[batch_rank + (steps is not None):])
+
+    columns = [rows_first(a) for a in args]
+    if self.has_step:
+      step, *values = columns
+      step = step.astype(np.int64)
+    else:
+      values = columns
+      step = np.repeat(sink.take_steps(steps or 1), lanes)
+    member = (np.tile(np.arange(lanes), steps or 1) if batch_rank else None)
+    device = _device_column(context, rows)
+    if rows:
+      sink.note_latest(int(step[-1]), {name: v[-1] for name, v in zip(
+          self.names, values)})
+    sink.put(Block(step, dict(zip(self.names, values)), member, device))
+
+
+def _device_column(context, rows: int) -> np.ndarray | None:
+  device = getattr(context, "device", None)
+  if device is None or _single_device():
+    return None
+  return np.full(rows, device.id)
+
+
+@functools.cache
+def _single_device() -> bool:
+  return jax.device_count() == 1

@@ -1,0 +1,93 @@
+"""The named writers: what ``Run(writers=["jsonl", ...])`` makes, each
+imported when a run first names it, with the pip extra it needs.
+
+Adding a writer is one module (a ``Writer`` subclass and a ``for_run``
+function) and one ``WriterEntry`` in ``WRITERS`` below; ``hostcall info``
+lists the extras from here. A writer that needs a package hostcall does not
+install imports it through ``import_extra``, which names the extra to
+install when it is missing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import pathlib
+import types
+
+from hostcall._apps.metrics.writer import Writer
+
+
+@dataclasses.dataclass(frozen=True)
+class WriterEntry:
+  """One named writer.
+
+  Attributes:
+    name: what ``Run(writers=[name])`` takes.
+    load: ``"module:function"``, imported when a run first names the
+      writer; ``function(run_dir)`` returns the writer of the run whose
+      directory is ``run_dir`` (a ``pathlib.Path``, created by the writer
+      where it writes files).
+    extra: the pip extra the writer needs (``pip install
+      'hostcall[<extra>]'``), or None.
+    requires: the distributions that extra installs, whose versions
+      ``hostcall info`` shows (as in ``pyproject.toml``).
+  """
+
+  name: str
+  load: str
+  extra: str | None = None
+  requires: tuple[str, ...] = ()
+
+  def hint(self) -> str:
+    """How to install what the writer needs."""
+    return (f"pip install 'hostcall[{self.extra}]' (or pip install "
+            f"{' '.join(self.requires)})")
+
+
+WRITERS: tuple[WriterEntry, ...] = (
+    WriterEntry("jsonl", "hostcall._apps.metrics.jsonl:for_run"),
+    WriterEntry("csv", "hostcall._apps.metrics.csv:for_run"),
+    WriterEntry("tensorboard", "hostcall._apps.metrics.tensorboard:for_run",
+                extra="tensorboard", requires=("tensorboardX",)),
+    WriterEntry("memory", "hostcall._apps.metrics.memory:for_run"),
+)
+
+def entries() -> dict[str, WriterEntry]:
+  """The entries by name."""
+  return {entry.name: entry for entry in WRITERS}
+
+
+def extras() -> list[WriterEntry]:
+  """The entries of the writers that need an extra."""
+  return [e for e in WRITERS if e.extra is not None]
+
+
+def make(spec, run_dir: pathlib.Path) -> Writer:
+  """A writer from its name (one of ``WRITERS``) or a ``Writer`` instance."""
+  if isinstance(spec, Writer):
+    return spec
+  named = entries()
+  if not (isinstance(spec, str) and spec in named):
+    raise ValueError(f"a metrics writer is one of {sorted(named)} or a "
+                     f"hostcall.metrics.Writer instance; got {spec!r}.")
+  found = named[spec]
+  module_name, _, function = found.load.partition(":")
+  try:
+    module = importlib.import_module(module_name)
+  except ImportError as exc:  # a writer importing its extra at the top
+    if found.extra is None:
+      raise
+    raise ImportError(f"the {spec} writer needs {exc.name or 'a package'}: "
+                      f"{found.hint()}") from exc
+  return getattr(module, function)(run_dir)
+
+
+def import_extra(name: str, module: str) -> types.ModuleType:
+  """``module``, which the writer ``name`` needs, imported; an
+  ``ImportError`` saying which extra to install if it is missing."""
+  try:
+    return importlib.import_module(module)
+  except ImportError as exc:
+    raise ImportError(f"the {name} writer needs {module}: "
+                      f"{entries()[name].hint()}") from exc

@@ -1,0 +1,220 @@
+"""``Run``: a named run, and ``Run.log``, which stages one asynchronous tap.
+
+On the host the values become a ``Block`` (``log_target.py``, one row per
+step and vmap member) that the run's sink (``sink.py``) puts on the writer
+thread (``writer_thread.py``), which hands it to each writer. Inside
+``hostcall.scan`` (and the progress loops built on it) the tap is buffered:
+one host call brings ``every`` steps, written as one block.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+from typing import Any, Iterable
+
+import jax.numpy as jnp
+import numpy as np
+
+from hostcall._apps.metrics import files, reading
+from hostcall._apps.metrics.log_target import LogTarget
+from hostcall._apps.metrics.memory import MemoryWriter
+from hostcall._apps.metrics.sink import RunSink
+from hostcall._apps.metrics.writer import Writer
+from hostcall._async import queue as _queue
+from hostcall._core import bind
+from hostcall._core.context import why_waiting_is_forbidden
+from hostcall._core.checks import describe_leaf, is_array_like
+
+
+def _run_dir(root, name) -> pathlib.Path:
+  """``root/name``, refusing a name that is not a plain relative path."""
+  if not isinstance(name, str) or not name or "\0" in name:
+    raise ValueError(f"a run name is a non-empty string without NUL bytes, "
+                     f"e.g. Run('fit'); got {name!r}.")
+  relative = pathlib.PurePath(name)
+  if relative.is_absolute() or ".." in relative.parts:
+    raise ValueError(
+        f"a run name is a relative path inside the runs directory ({root}); "
+        f"got {name!r}, which would write elsewhere. Pass root= to choose "
+        "the directory, e.g. Run('fit', root='/data/runs').")
+  root = files.as_path(root, "Run's root")
+  path = root / relative
+  if not path.resolve().is_relative_to(root.resolve()):
+    raise ValueError(f"the run name {name!r} leads outside {root} (through "
+                     "a symbolic link); choose another name or root=.")
+  return path
+
+
+_INDEX_COLUMNS = frozenset({"member", "device"})
+
+
+def _describe(value) -> str:
+  if hasattr(value, "shape") and hasattr(value, "dtype"):
+    return f"an array of shape {tuple(value.shape)} and dtype {value.dtype}"
+  return describe_leaf(value)
+
+
+class Run:
+  """A named run whose metrics are logged from inside ``jit``, ``scan``,
+  ``vmap`` and ``grad``, without the device waiting for the disk.
+
+  Arguments:
+    name: the run's name, a relative path; files go to ``<root>/<name>/``.
+    root: the directory of runs (default ``runs``).
+    writers: where rows go: ``"jsonl"`` (``metrics.jsonl``, the default),
+      ``"csv"`` (``metrics.csv``), ``"tensorboard"`` (event files in
+      ``tensorboard/``, needs ``tensorboardX``), ``"memory"`` (kept for
+      ``dataframe()``), or ``hostcall.metrics.Writer`` instances.
+
+  A run starts its files afresh. Rows reach the files at every
+  ``hostcall.barrier()``, ``run.flush()``, ``run.close()`` and at exit.
+  Under ``vmap`` each member's values form their own row, with its
+  ``member`` index (row-major over nested vmaps). Where JAX sees several
+  devices, rows carry the ``device`` id that logged them (under
+  ``shard_map`` and ``pmap`` each device logs its own values). In a job of
+  several processes give each process its own run name.
+
+  Creating a run of the same directory as a run still open in this process
+  (a notebook cell run again) replaces it: the old run is flushed and
+  closed, and whatever still logs to the old object (a function compiled
+  before) logs to the new run.
+
+  Example:
+    >>> import jax, jax.numpy as jnp, hostcall
+    >>> run = hostcall.metrics.Run("doc", writers=["memory"])
+    >>> def step(w, x):
+    ...   loss = (w * x - 1.0) ** 2
+    ...   run.log(loss=loss)
+    ...   return w - 0.1 * jax.grad(lambda w: (w * x - 1.0) ** 2)(w), loss
+    >>> _ = jax.jit(lambda w: jax.lax.scan(step, w, jnp.ones(3)))(0.0)
+    >>> run.dataframe()
+       step    loss
+    0     0  1.0000
+    1     1  0.6400
+    2     2  0.4096
+  """
+
+  def __init__(self, name: str = "run", root: str | os.PathLike = "runs",
+               writers: Iterable = ("jsonl",)):
+    if isinstance(writers, (str, Writer)):
+      writers = [writers]
+    writers = list(writers)
+    self.name = name
+    self.dir = _run_dir(root, name)
+    self._sink = RunSink(name, self.dir, writers)
+    self.id = self._sink.id
+    self.writers: list = self._sink.writers
+
+  def __repr__(self):
+    return f"hostcall.metrics.Run({self.name!r}, dir={str(self.dir)!r})"
+
+  def log(self, step=None, **metrics) -> None:
+    """Logs ``metrics`` (scalars or small arrays) at ``step``.
+
+    Arguments:
+      step: the step number (an integer scalar, traced or not; under
+        ``vmap``, one per member), positional or ``step=``; None numbers
+        the calls of this run on the host 0, 1, 2, ...
+      **metrics: name=value; JAX arrays, NumPy arrays of numbers or
+        booleans, or Python numbers (not text: refused). Any
+        string but ``member`` and ``device`` (columns hostcall fills) is a
+        valid name.
+
+    Works inside and outside ``jit``; returns nothing. The values reach the
+    writers asynchronously (see ``hostcall.set_delivery``).
+    """
+    sink = self._sink.current()
+    if sink.closed:
+      raise RuntimeError(f"{sink!r} is closed; open a new Run to log more.")
+    if not metrics:
+      raise TypeError("Run.log needs at least one metric, e.g. "
+                      "run.log(step, loss=loss).")
+    names = tuple(metrics)
+    reserved = sorted(set(names) & _INDEX_COLUMNS)
+    if reserved:
+      raise ValueError(
+          f"the metric name(s) {reserved} are columns hostcall fills itself "
+          "(the vmap member and the device of each row); choose another "
+          f"name, e.g. run.log({reserved[0]}_id=...).")
+    for name, value in metrics.items():
+      if not is_array_like(value):
+        raise TypeError(
+            f"metric {name!r}: expected a JAX array, a NumPy array of "
+            f"numbers or booleans, or a Python number, got "
+            f"{describe_leaf(value)}. Log numbers; put text in the run name "
+            "or a separate file.")
+    operands = [jnp.asarray(v) for v in metrics.values()]
+    if step is not None:
+      if not is_array_like(step) or not jnp.issubdtype(
+          jnp.result_type(step), jnp.integer) or jnp.ndim(step) != 0:
+        raise TypeError(
+            "step must be one integer (traced or not; under vmap, one per "
+            f"member), got {_describe(step)}: run.log(step, loss=...). To "
+            "log a vector of values per step, log it as a metric.")
+      operands.insert(0, jnp.asarray(step))
+    log_target = LogTarget(sink, sink.id, names, step is not None)
+    bind(operands, target=log_target, kind="call",
+         delivery=log_target.delivery)
+
+  def flush(self) -> None:
+    """Waits for the computations running, then writes every row logged so
+    far to the writers' files."""
+    inside = why_waiting_is_forbidden()
+    if inside is not None:
+      raise RuntimeError(
+          f"Run.flush() / close() / dataframe() was called from inside "
+          f"{inside}, where it would wait for the computation (or thread) "
+          "running it. Call it after the JAX call returns.")
+    _queue.wait()
+    self._sink.current().drain()
+
+  def close(self) -> None:
+    """Flushes and closes the writers; later ``log`` calls raise."""
+    sink = self._sink.current()
+    if sink.closed:
+      return
+    self.flush()
+    sink.close()
+
+  def __enter__(self) -> "Run":
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
+
+  def records(self) -> list[dict[str, Any]]:
+    """Every row logged so far, as dicts (after a flush)."""
+    self.flush()
+    sink = self._sink.current()
+    for writer in sink.writers:
+      if isinstance(writer, MemoryWriter):
+        return writer.records()
+    return reading.read_records(sink.dir)
+
+  def dataframe(self):
+    """Every row logged so far as a pandas DataFrame (after a flush)."""
+    return reading.to_dataframe(self.records())
+
+  def latest(self, name: str) -> tuple[int, Any] | None:
+    """``(step, value)`` of the last row logged with metric ``name`` that
+    has reached the host, or None; never waits (for a ``stop_when``
+    predicate, say).
+
+    Example:
+      >>> import jax, hostcall
+      >>> run = hostcall.metrics.Run("doc-latest", writers=["memory"])
+      >>> _ = jax.jit(lambda: [run.log(i, loss=1.0 / (i + 1)) for i in range(3)])()
+      >>> hostcall.barrier(); run.latest("loss")
+      (2, 0.3333333...)
+    """
+    if not isinstance(name, str):
+      raise TypeError(f"Run.latest takes a metric's name (a str, as given to "
+                      f"run.log), got {name!r} of type "
+                      f"{type(name).__name__}.")
+    found = self._sink.current().latest.get(name)
+    if found is None:
+      return None
+    step, value = found
+    value = np.asarray(value)
+    return step, value.item() if value.ndim == 0 else value

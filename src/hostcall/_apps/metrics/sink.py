@@ -1,0 +1,245 @@
+"""The host side of a run (``RunSink``), and the runs open in this process.
+
+A ``Run``'s log taps hand their rows to its sink, which counts them and
+puts them on the writer thread; the writer thread hands them back to the
+sink's ``write`` (the ``writer_thread.Sink`` interface), which gives them to
+the writers. Open sinks are kept by directory: a new run of the same
+directory replaces the open one (its successor takes what is still logged
+to it), every ``hostcall.barrier()`` flushes them all, and interpreter exit
+closes them.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import logging
+import os
+import pathlib
+import threading
+from typing import Any, Iterable
+
+import numpy as np
+
+from hostcall._apps.metrics import registry, writer_thread
+from hostcall._apps.metrics.block import Block
+from hostcall._async import queue as _queue
+from hostcall._core import errors
+from hostcall._core.barriers import add_barrier_hook
+
+logger = logging.getLogger("hostcall")
+
+_ids = itertools.count()
+_open: list["RunSink"] = []
+_open_lock = threading.Lock()
+
+
+class RunSink:
+  """Where a run's rows go on the host: counted as they are put, written by
+  the writer thread to the run's writers, waited for by ``drain``.
+
+  Arguments:
+    name: the run's name.
+    run_dir: the run's directory.
+    specs: the writers, as ``Run(writers=...)`` takes them (names or
+      ``Writer`` instances).
+
+  Attributes:
+    id: a number no other sink of this process has.
+    name, dir: the run's name and directory.
+    writers: the run's writers (a list that ``Run.writers`` shares).
+    successor: the sink that replaced this one (a new run of the same
+      directory), or None.
+    closed: whether rows are refused.
+    tally: how many puts the writer thread has written.
+  """
+
+  def __init__(self, name: str, run_dir: pathlib.Path, specs: Iterable):
+    self.id = next(_ids)
+    self.name = name
+    self.dir = run_dir
+    self.successor: RunSink | None = None
+    self.lock = threading.Lock()
+    self.tally = writer_thread.Tally(self.lock)
+    self.closed = False
+    self.writers: list = []
+    self.latest: dict[str, tuple[int, Any]] = {}
+    self._next_step = 0
+    self._put_count = 0
+    # The writer thread writes this sink's blocks once its writers are open
+    # (after the sink it replaces has written its last row).
+    self._ready = threading.Event()
+    self._parked: list = []
+    self._writers_closed = False
+    with _open_lock:
+      replaced = [s for s in _open if s.successor is None
+                  and s.dir.resolve() == self.dir.resolve()]
+      for old in replaced:
+        with old.lock:
+          old.successor = self  # from now on, its rows come here
+      _open.append(self)
+    try:
+      for old in replaced:
+        old.retire()  # one writer per file, never two
+      self.writers[:] = [registry.make(w, self.dir) for w in specs]
+    except BaseException:
+      self.closed = True
+      with _open_lock:
+        if self in _open:
+          _open.remove(self)
+      raise
+    finally:
+      self._ready.set()
+      writer_thread.shared.put(self, writer_thread.RESUME)
+
+  def __repr__(self):
+    return f"hostcall.metrics.Run({self.name!r}, dir={str(self.dir)!r})"
+
+  def current(self) -> "RunSink":
+    """The sink that takes this one's rows now: itself, or the last of its
+    successors."""
+    sink = self
+    while sink.successor is not None:
+      sink = sink.successor
+    return sink
+
+  # From the taps' delivery ------------------------------------------------
+
+  def take_steps(self, count: int) -> np.ndarray:
+    """The next ``count`` step numbers of a run logged without steps."""
+    with self.lock:
+      first, self._next_step = self._next_step, self._next_step + count
+    return np.arange(first, first + count, dtype=np.int64)
+
+  def note_latest(self, step: int, values: dict) -> None:
+    """Keeps ``step`` and each metric's last value, for ``Run.latest``."""
+    latest = self.current().latest
+    for name, value in values.items():
+      latest[name] = (step, value)
+
+  def put(self, block: Block) -> None:
+    """Counts ``block`` in (to the current sink) and hands it to the writer
+    thread; raises if the run is closed."""
+    sink = self.current()
+    while True:
+      with sink.lock:
+        if sink.successor is None:  # still the current sink: count it in
+          closed = sink.closed
+          if not closed:
+            sink._put_count += 1
+          break
+      sink = sink.current()
+    if closed:
+      raise RuntimeError(
+          f"{len(block)} row(s) were logged to {sink!r} after it was closed, "
+          "by a function compiled while it was open; they were dropped. "
+          "Open a new Run (or close this one after the last log).")
+    writer_thread.shared.put(sink, block)
+
+  # On the writer thread ---------------------------------------------------
+
+  def write(self, block, count: int = 1) -> int:
+    """Writes ``block``, the rows of ``count`` puts (on the writer thread);
+    returns how many puts are written now, for the writer thread to add to
+    ``tally``. Blocks that come before the sink's writers are open (the
+    replaced sink still writing its last rows) wait, in order, for
+    ``writer_thread.RESUME``."""
+    if block is writer_thread.RESUME:
+      parked, self._parked = self._parked, []
+      return sum(self._write_now(*waiting) for waiting in parked)
+    if not self._ready.is_set() or self._parked:
+      self._parked.append((block, count))
+      return 0
+    return self._write_now(block, count)
+
+  def _write_now(self, block, count: int = 1) -> int:
+    for writer in self.writers:
+      try:
+        writer.write(block)
+      except BaseException as exc:  # noqa: BLE001 - others still write
+        errors.postpone(exc, f"metrics writer {writer!r}")
+    return count
+
+  # From the run's owner ---------------------------------------------------
+
+  def drain(self) -> None:
+    """Waits until every block put so far is written, then flushes the
+    writers (their failures postponed to the next barrier)."""
+    with self.lock:
+      target = self._put_count
+    self.tally.wait_for(target)
+    if self._writers_closed:  # read after close: nothing left to flush
+      return
+    for writer in self.writers:
+      try:
+        writer.flush()
+      except BaseException as exc:  # noqa: BLE001
+        errors.postpone(exc, f"flushing metrics writer {writer!r}")
+
+  def close(self) -> None:
+    """Refuses rows from now on, writes what was put, closes the writers."""
+    with self.lock:
+      self.closed = True  # rows logged from now on are refused, and said so
+    self.drain()
+    self.close_writers()
+
+  def close_writers(self) -> None:
+    """Closes the writers once (raising the first failure, after closing
+    every one) and forgets the sink."""
+    with self.lock:
+      self.closed = True
+      if self._writers_closed:
+        return
+      self._writers_closed = True
+    with _open_lock:
+      if self in _open:
+        _open.remove(self)
+    failures = []
+    for writer in self.writers:
+      try:
+        writer.close()
+      except BaseException as exc:  # noqa: BLE001 - close every writer
+        failures.append(exc)
+    if failures:
+      raise failures[0]
+
+  def retire(self) -> None:
+    """Writes what this sink (replaced by a new one) was handed and closes
+    its writers; what it is handed later goes to its successor."""
+    try:
+      self.drain()
+    finally:
+      self.close_writers()
+
+
+def _flush_all() -> None:
+  for sink in list(_open):
+    sink.drain()
+
+
+def _close_all_at_exit() -> None:
+  if not _open:
+    return
+  try:
+    _queue.wait()
+  finally:
+    for sink in list(_open):
+      try:  # one run's failure (a full disk) never costs another its rows
+        sink.drain()
+        sink.close_writers()
+      except BaseException:  # noqa: BLE001
+        logger.exception("hostcall: closing %r at exit failed", sink)
+
+
+def _forget_runs_in_a_forked_child() -> None:
+  # The open runs, their rows and files are the parent's: a forked child's
+  # exit must not wait for the parent's writer thread, which it lacks, nor
+  # close the parent's files. (No lock is taken: one a parent's thread held
+  # at the fork stays held in the child for good.)
+  _open.clear()
+  writer_thread.shared.__init__()
+
+
+add_barrier_hook(_flush_all)
+atexit.register(_close_all_at_exit)
+os.register_at_fork(after_in_child=_forget_runs_in_a_forked_child)

@@ -1,0 +1,180 @@
+"""The one thread that writes every metrics run's rows (``WriterThread``).
+
+A run's rows arrive as blocks from the taps' delivery; the writer thread
+hands them to the run's host side (a ``Sink``), joining the blocks that wait
+for it with the same columns into one write, so that formatting costs less
+a row. The backlog is bounded: past the bound, whoever hands over a block
+waits. This module knows runs only as ``Sink``s: it imports nothing of
+``run.py`` or ``runs.py``.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from typing import Protocol
+
+from hostcall._apps.metrics import block as _blocks
+from hostcall._core.context import forbid_waiting
+
+logger = logging.getLogger("hostcall")
+
+
+class _Resume:
+  def __repr__(self):
+    return "RESUME"
+
+
+#: Handed over in place of a block: the sink's writers are open (the blocks
+#: it was handed before may be written now).
+RESUME = _Resume()
+
+
+class Tally:
+  """How many of a sink's puts are written. The writer thread counts them
+  here after letting go of the sink, so that a run closed and dropped by
+  its owner is released by the time ``close()`` returns.
+
+  Arguments:
+    lock: the sink's lock, which ``changed`` waits with.
+  """
+
+  __slots__ = ("changed", "written")
+
+  def __init__(self, lock):
+    self.changed = threading.Condition(lock)
+    self.written = 0
+
+  def add(self, count: int) -> None:
+    """Counts ``count`` more puts written, and wakes who waits for them."""
+    with self.changed:
+      self.written += count
+      self.changed.notify_all()
+
+  def wait_for(self, count: int) -> None:
+    """Waits until ``count`` puts are written (with the sink's lock not
+    held by the caller)."""
+    with self.changed:
+      self.changed.wait_for(lambda: self.written >= count)
+
+
+class Sink(Protocol):
+  """What the writer thread hands blocks to (a run's host side)."""
+
+  #: Where the writer thread counts the puts written.
+  tally: Tally
+
+  def write(self, block, count: int = 1) -> int:
+    """Writes ``block``, the rows of ``count`` puts, or takes ``RESUME``;
+    returns how many puts are written now (blocks may wait for
+    ``RESUME``)."""
+
+
+class WriterThread:
+  """The one thread that hands blocks to every run's writers, so that a
+  slow disk never slows the device nor the delivery of other callbacks (and
+  runs left open cost no thread each).
+
+  Blocks waiting for it are bounded (``MAX_PENDING_BYTES`` of arrays, and
+  ``MAX_PENDING_BLOCKS``, each of which costs Python objects besides):
+  past the bound, whoever hands over a block (the tap's delivery) waits,
+  and the device with it: back-pressure, never loss, never unbounded
+  memory.
+  """
+
+  MAX_PENDING_BYTES = 256 << 20
+  MAX_PENDING_BLOCKS = 16384
+
+  def __init__(self):
+    self._queue: queue.SimpleQueue = queue.SimpleQueue()
+    self._lock = threading.Lock()
+    self._room = threading.Condition(self._lock)
+    self._pending_bytes = self._pending_blocks = 0
+    self._thread: threading.Thread | None = None
+
+  @property
+  def is_writer(self) -> bool:
+    """Whether the calling thread is the writer thread."""
+    return threading.current_thread() is self._thread
+
+  def put(self, sink: Sink, block) -> None:
+    """Hands ``block`` (or ``RESUME``) to the thread, for ``sink``; waits
+    while the backlog is full (never on the writer thread itself)."""
+    size = block.nbytes if block is not RESUME else 0
+    with self._lock:
+      if self._thread is None:
+        self._thread = threading.Thread(target=self._loop, daemon=True,
+                                        name="hostcall-metrics-writer")
+        self._thread.start()
+      if not self.is_writer and block is not RESUME:
+        # One block larger than the bound still goes through alone.
+        self._room.wait_for(lambda: self._pending_blocks == 0 or (
+            self._pending_bytes + size <= self.MAX_PENDING_BYTES
+            and self._pending_blocks < self.MAX_PENDING_BLOCKS))
+      self._pending_bytes += size
+      self._pending_blocks += 1
+      self._room.notify_all()  # for whoever watches the backlog
+    self._queue.put((sink, block, size))
+
+  #: Blocks the writer joins into one write at most (formatting a row
+  #: costs about half as much in a write of thousands as in one of 20).
+  MERGE_BLOCKS = 256
+
+  def _loop(self) -> None:
+    forbid_waiting("a metrics writer")
+    following = None  # an item taken out that did not join the last write
+    while True:
+      sink, block, size = following or self._queue.get()
+      blocks, sizes, following = [block], size, None
+      if block is not RESUME:
+        more, more_sizes, following = self._waiting_behind(sink, block)
+        blocks += more
+        sizes += more_sizes
+      count = len(blocks)
+      tally, written = sink.tally, 0
+      try:
+        written = self._write(sink, blocks)
+      except BaseException:  # noqa: BLE001 - the writer thread never dies
+        logger.exception("hostcall: metrics writing failed")
+      finally:
+        # Let go of the sink before saying its rows are written: a run
+        # closed and dropped by its owner is released with its rows.
+        sink = block = blocks = None
+        tally.add(written)
+        with self._lock:
+          self._pending_bytes -= sizes
+          self._pending_blocks -= count
+          self._room.notify_all()
+
+  def _waiting_behind(self, sink, block):
+    """The blocks for ``sink`` with ``block``'s columns that wait right
+    behind it, their sizes, and the item that stopped them (or None)."""
+    more, sizes, columns = [], 0, _blocks.columns_of(block)
+    while len(more) + 1 < self.MERGE_BLOCKS:
+      try:
+        item = self._queue.get_nowait()
+      except queue.Empty:
+        return more, sizes, None
+      if (item[0] is not sink or item[1] is RESUME
+          or _blocks.columns_of(item[1]) != columns):
+        return more, sizes, item
+      more.append(item[1])
+      sizes += item[2]
+    return more, sizes, None
+
+  @staticmethod
+  def _write(sink, blocks) -> int:
+    """Hands ``blocks`` to ``sink``; returns how many puts it wrote now."""
+    if len(blocks) > 1:
+      try:
+        joined = _blocks.concatenate(blocks)
+      except BaseException:  # noqa: BLE001 - e.g. MemoryError: one by one
+        pass
+      else:
+        return sink.write(joined, len(blocks))
+    return sum(sink.write(block) for block in blocks)
+
+
+#: The writer thread of every run of the process (started on first use).
+shared = WriterThread()
