@@ -16,8 +16,7 @@ import pytest
 
 import hostcall
 from hostcall import host_callback as hcb
-from hostcall._apps import control
-from hostcall._apps.control import controls
+from hostcall._apps.control import controls, host as control_host
 
 ROOT = pathlib.Path(__file__).parent.parent
 
@@ -149,9 +148,9 @@ def test_the_python_handler_is_installed_once_however_many_loops_trace(
     monkeypatch):
   # A bound method is a new object at each access: `is` never found the
   # handler installed, which then chained to itself (RecursionError).
-  monkeypatch.setattr(control.native, "load", lambda: None)
+  monkeypatch.setattr(control_host.native, "load", lambda: None)
   before = signal.getsignal(signal.SIGINT)
-  python_controls = control._Controls()
+  python_controls = control_host._Controls()
   try:
     python_controls.install_python_handler()   # two loops traced
     python_controls.install_python_handler()

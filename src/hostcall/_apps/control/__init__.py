@@ -1,0 +1,37 @@
+"""Steering compiled loops from the host: stop at the next check, keep the
+state so far.
+
+A steered loop (``hostcall.progress.scan`` / ``fori_loop`` / ``while_loop``
+with ``interruptible=``, ``time_limit=`` or ``stop_when=``, or
+``hostcall.control.while_loop``) runs in chunks of steps, as the progress
+loops do, and after each chunk asks "stop now?" (``check``). The answer
+comes from host state in about a microsecond (the native library's
+``hostcall_control_check``; a Python callback where it cannot serve), so
+the device waits for no Python: the host sets that state when Ctrl-C
+arrives, when the time limit passes (checked against the clock), or when a
+predicate run after each chunk's tick says so. The loop then skips what is
+left and returns its state with how many steps it ran and why it stopped.
+
+Every device running one invocation stops after the same check (see
+``hostcall_control.cc``); under ``vmap`` every lane stops with the others.
+
+Ctrl-C: hostcall's SIGINT handler is installed while an interruptible loop
+runs, and the one it replaced is put back as soon as none does. A loop stops
+running when its computation goes past it (the loop's finish, a
+synchronous call each device makes after the loop: not its bar's close,
+which waits behind the loop's asynchronous taps) or fails: where the computation runs in a Python thread
+(JAX runs one with host callbacks in the thread that called it, on CPU),
+the frame that called it is watched, and its return ends the loops the
+computation opened (``interrupts.Reaper``); elsewhere a failed loop ends at the next
+barrier, which closes its bar.
+"""
+
+from hostcall._apps.control.check import check, data_leaves, witness
+from hostcall._apps.control.host import controls
+from hostcall._apps.control.spec import (FAILED, INTERRUPTED, STOP_WHEN,
+                                         TIME_LIMIT, LoopStatus, Result, Stop,
+                                         reason_name)
+
+__all__ = ["FAILED", "INTERRUPTED", "STOP_WHEN", "TIME_LIMIT", "LoopStatus",
+           "Result", "Stop", "check", "controls", "data_leaves",
+           "reason_name", "witness"]

@@ -1,0 +1,145 @@
+"""The device side of a steered loop: the stop check, a primitive of its
+own (``control_check_p``) with its rules, answered by the native library's
+``hostcall_control_check`` or, where ``emission`` routes it to Python, by
+``controls.poll``."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.extend import core as jex_core
+
+from hostcall import _jax_private
+from hostcall._apps.control.host import controls
+from hostcall._async import native
+from hostcall._core import emission
+
+
+control_check_p = jex_core.Primitive("hostcall_control_check")
+
+_INT = np.int32
+
+
+def data_leaves(tree) -> list:
+  """The leaves of ``tree`` as plain arrays: PRNG keys as their key data,
+  symbolic-zero (float0) leaves left out."""
+  leaves = []
+  for leaf in jax.tree_util.tree_leaves(tree):
+    leaf = jnp.asarray(leaf) if not hasattr(leaf, "dtype") else leaf
+    if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.extended):
+      leaf = jax.random.key_data(leaf)
+    if leaf.dtype != jax.dtypes.float0:
+      leaves.append(leaf)
+  return leaves
+
+
+def witness(tree) -> jax.Array:
+  """One float32 read from every leaf of ``tree`` (shape (1,), or (0,)
+  where it holds no data): an operand that waits for all of ``tree``."""
+  total = jnp.zeros((0,), jnp.float32)
+  for leaf in data_leaves(tree):
+    leaf = jnp.ravel(leaf)
+    if leaf.size:
+      part = leaf[:1]
+      part = jnp.abs(part) if jnp.iscomplexobj(part) else part
+      total = (total if total.size else 0) + part.astype(jnp.float32)
+  return total
+
+
+def check(handle, index, after=None) -> jax.Array:
+  """The stop check of a steered loop: 0 to go on, else the reason to stop.
+
+  Arguments:
+    handle: the invocation's handle (what the loop's open returned).
+    index: how many checks this invocation has made before, plus one.
+    after: the chunk's results: the check waits for them (else XLA may ask
+      at the chunk's start, when the host has yet to see the last chunk).
+  """
+  # An operand, not an ordering hint: XLA schedules a side-effecting call
+  # as early as its operands allow.
+  reason = control_check_p.bind(jnp.asarray(handle, _INT).reshape(()),
+                                jnp.asarray(index, _INT).reshape(()),
+                                witness(after))
+  names = _jax_private.collective_axis_names()
+  if names and jax.process_count() > 1:
+    # Inside shard_map or pmap each device asks its own process's host;
+    # the devices of one process agree already (hostcall_control.cc),
+    # those of other processes (another host's clock, Ctrl-C, predicate,
+    # a contained failure) through this reduction, so that no device
+    # leaves a loop whose collectives its peers still run. In one process
+    # no collective is added: a device that fails outside hostcall's host
+    # functions (an XLA error, JAX's own callbacks) never leaves its peers
+    # waiting in one.
+    reason = jax.lax.pmax(reason, names)
+  return reason
+
+
+def _abstract_eval(handle, index, after):
+  del handle, index, after
+  return _jax_private.ShapedArray((), _INT)
+
+
+def _batching_rule(args, dims):
+  # Every lane of a loop stops together: one check for the batch (the
+  # handle is the same in every lane; the latest lane's index counts; the
+  # check waits for every lane's results).
+  handle, index, after = [a if d is None else jnp.moveaxis(a, d, 0).reshape(-1)
+                          for a, d in zip(args, dims)]
+  handle = handle if jnp.ndim(handle) == 0 else handle[0]
+  index = index if jnp.ndim(index) == 0 else jnp.max(index)
+  after = after if after.size <= 1 else jnp.sum(after, keepdims=True)
+  return control_check_p.bind(handle, index, after.reshape(-1)[:1]), None
+
+
+def _jvp_rule(primals, tangents):
+  del tangents
+  out = control_check_p.bind(*primals)
+  return out, _jax_private.Zero(jax.typeof(out).to_tangent_aval())
+
+
+def _remat_rule(saveable, unks_in, inst_in, eqn):
+  # Asked once: recomputing the check where the backward pass
+  # rematerialises would get another answer.
+  del saveable, inst_in
+  if any(unks_in):
+    return None, eqn, [True], [True], []
+  return eqn, None, [False], [False], []
+
+
+def _lowering(ctx, handle, index, after):
+  axis_context = ctx.module_context.axis_context
+  global_view = emission.global_view(axis_context)
+  if emission.route(ctx, "check", native.load() is not None) == "ffi":
+    return jax.ffi.build_ffi_lowering_function(
+        "hostcall_control_check", has_side_effect=True)(
+            ctx, handle, index, after).results
+
+  def poll(h, i, after):
+    del after
+    return (np.asarray(controls.poll(int(h), int(i)), _INT),)
+
+  # Under a global view of several devices one device asks, and every
+  # device reads its answer (as hostcall's calls with results do).
+  chosen = None
+  if global_view:
+    chosen = jax.sharding.SingleDeviceSharding(
+        axis_context.device_assignment[0])
+  results, _, _ = _jax_private.emit_python_callback(
+      ctx, poll, None, [handle, index, after], list(ctx.avals_in),
+      list(ctx.avals_out), has_side_effect=True, returns_token=False,
+      sharding=_jax_private.callback_op_sharding(axis_context, chosen,
+                                                 list(ctx.avals_out)))
+  if chosen is not None:
+    results = [_jax_private.replicated(ctx, r, a)
+               for r, a in zip(results, ctx.avals_out)]
+  return results
+
+
+control_check_p.def_abstract_eval(_abstract_eval)
+control_check_p.def_impl(lambda handle, index, after: jax.jit(
+    control_check_p.bind)(handle, index, after))
+_jax_private.primitive_batchers[control_check_p] = _batching_rule
+_jax_private.primitive_jvps[control_check_p] = _jvp_rule
+_jax_private.partial_eval_jaxpr_custom_rules[control_check_p] = _remat_rule
+_jax_private.register_lowering(control_check_p, _lowering)
