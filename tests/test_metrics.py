@@ -430,3 +430,15 @@ def test_plot_refuses_what_it_cannot_plot_by_name(tmp_path):
     metrics.plot(run.dir, log_scale="yes")
   assert not (run.dir / "metrics.png").exists()
   assert metrics.plot(run.dir, metrics=["loss"]).exists()
+
+
+@pytest.mark.parametrize("step", [2**31, -2**31 - 1, 2**62, np.int64(2**40)])
+def test_a_step_beyond_jaxs_integers_is_refused_with_the_range(tmp_path,
+                                                               step):
+  run = hostcall.metrics.Run("r", root=tmp_path, writers=["memory"])
+  with pytest.raises(ValueError, match=r"does not fit JAX's default integer "
+                     r"\(int32\).*-2147483648 to 2147483647.*jax_enable_x64"):
+    jax.jit(lambda: run.log(step, loss=1.0))()
+  jax.jit(lambda: run.log(2**31 - 1, loss=2.0))()  # the largest goes in
+  run.close()
+  assert run.records() == [{"step": 2**31 - 1, "loss": 2.0}]

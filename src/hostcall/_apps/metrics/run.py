@@ -152,6 +152,15 @@ class Run:
             "step must be one integer (traced or not; under vmap, one per "
             f"member), got {_describe(step)}: run.log(step, loss=...). To "
             "log a vector of values per step, log it as a metric.")
+      if isinstance(step, (int, np.integer)) and not isinstance(step, bool):
+        dtype = jnp.result_type(int)  # int32, or int64 under x64
+        if not jnp.iinfo(dtype).min <= int(step) <= jnp.iinfo(dtype).max:
+          raise ValueError(
+              f"step {int(step)} does not fit JAX's default integer "
+              f"({jnp.dtype(dtype).name}): run.log(step, ...) takes steps "
+              f"from {jnp.iinfo(dtype).min} to {jnp.iinfo(dtype).max}. "
+              "Enable 64-bit integers (jax.config.update('jax_enable_x64', "
+              "True)) for larger steps.")
       operands.insert(0, jnp.asarray(step))
     log_target = LogTarget(sink, sink.id, names, step is not None)
     bind(operands, target=log_target, kind="call",
