@@ -10,8 +10,8 @@ import pytest
 
 import hostcall
 from hostcall import progress
+from hostcall._apps import bar_options
 from hostcall._apps import bars as bars_module
-from hostcall._apps import progress as progress_impl
 
 
 def _renders(stream: io.StringIO, desc: str) -> list[str]:
@@ -159,7 +159,8 @@ def test_while_loop_pace_doubles_until_a_tenth_of_a_second(monkeypatch):
   clock = [0.0]
   monkeypatch.setattr(bars_module.time, "monotonic", lambda: clock[0])
   bars = bars_module.Bars()
-  spec = progress_impl._spec("p", None, "step", None, io.StringIO(), False, {})
+  spec = bar_options.spec("p", None, "step", None, io.StringIO(), False, {},
+                          position=0)
   site = bars.site(spec)
   bars.open(site, "dev", None)
   paces = []
@@ -301,7 +302,8 @@ def test_track_without_total_counts_until_the_barrier():
 def test_other_processes_draw_nothing_by_default():
   bars = bars_module.Bars()
   out = io.StringIO()
-  site = bars.site(progress_impl._spec("p1", 5, "step", None, out, False, {}))
+  site = bars.site(bar_options.spec("p1", 5, "step", None, out, False, {},
+                                    position=0))
 
   class Remote:
     process_index = 1

@@ -1,6 +1,6 @@
 """The host side of progress bars: one tqdm bar per loop invocation.
 
-Device code (``progress.py``) sends four kinds of events from the loop it
+Device code (``bar_events.py``) sends four kinds of events from the loop it
 wraps: *open* before the first step, *tick* with the step count after every
 chunk of steps, *close* after the last step (all three asynchronous: they
 arrive in the order the device sent them) and *pace* (a ``while_loop``

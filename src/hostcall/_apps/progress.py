@@ -1,185 +1,38 @@
-"""Progress bars for compiled loops: the device side.
+"""Progress bars for compiled loops: the loops.
 
-A wrapped loop sends *open* before its first step, a *tick* with the step
-count after each chunk of steps and *close* after its last step, all as
-asynchronous taps (the device copies a few numbers into hostcall's queue and
-goes on). ``scan`` and ``fori_loop`` run as ``hostcall.scan`` chunks of
-``every`` steps, so the device makes about a hundred host calls a loop
-whatever its length. ``while_loop`` cannot know its length: it runs chunks
-whose size the host chooses at each tick from the rate it measured (about
-``bars.TICK_INTERVAL`` seconds of steps), so a slow loop ticks every step
-and a fast one every few thousand. ``track`` decorates a body alone: one
-tick per step, buffered when the body runs inside ``hostcall.scan``. The
+A wrapped loop sends its bar's events (``bar_events.py``): *open* before
+its first step, a *tick* with the step count after each chunk of steps and
+*close* after its last step. ``scan`` and ``fori_loop`` run as
+``hostcall.scan`` chunks of ``every`` steps, so the device makes about a
+hundred host calls a loop whatever its length. ``while_loop`` cannot know
+its length: it runs chunks whose size the host chooses at each tick from the
+rate it measured (about ``bars.TICK_INTERVAL`` seconds of steps), so a slow
+loop ticks every step and a fast one every few thousand. ``track`` decorates
+a body alone: one tick per step, buffered when the body runs inside
+``hostcall.scan``. The bar's options are checked in ``bar_options.py``; the
 host side is ``bars.py``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import difflib
 import functools
-import inspect
-import math
-import numbers
 import threading
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 
-from hostcall import _jax_private
+from hostcall._apps import bar_events as _events
+from hostcall._apps import bar_options as _bar_options
 from hostcall._apps import bars as _bars
 from hostcall._apps import control as _control
 from hostcall._apps import scan as _scan
-from hostcall._core import CallTarget, TapTarget, bind, target
+from hostcall._core import bind
 from hostcall._core.checks import check_callable
 
 _local = threading.local()
-
-# Targets ---------------------------------------------------------------------
-
-
-class _BarEvent:
-  """A bar's event at one loop (``site``): it happens once, rematerialised or
-  not; under vmap it sees every lane at once; step counts have nothing to
-  differentiate."""
-
-  remat = "once"
-
-  def __repr__(self):
-    return f"progress.{type(self).__name__[1:].lower()}({self.site})"
-
-
-@target
-class _BarQuestion(_BarEvent, CallTarget):
-  """An event whose answer the loop waits for (its failure fails the
-  loop's computation)."""
-
-  site: int
-  bufferable = False
-
-  def vmap_method(self) -> str:
-    return "broadcast_all"
-
-  def check_differentiable(self) -> None:
-    return None
-
-
-@target
-class _BarTap(_BarEvent, TapTarget):
-  """An event the loop does not wait for (failures wait for the barrier)."""
-
-  site: int
-
-
-def _handle(value) -> int:
-  """The invocation handle an event carries (the same in every lane)."""
-  return int(np.asarray(value).reshape(-1)[0])
-
-
-@target
-class _Open(_BarQuestion):
-  """Opens the bar of one invocation: ``(total,)``; returns the invocation's
-  handle, which the loop's other events carry (the loop cannot start before
-  its open, and a bar never mixes two invocations)."""
-
-  stop: Any = None  # a hostcall.control Stop: a steered loop
-  bufferable = False
-  containable = False  # opens a loop even where a failure is contained
-
-  def deliver(self, flat_args, context):
-    total = int(np.asarray(flat_args[0]).reshape(-1)[0])
-    handle = _bars.bars.open(self.site, context.device,
-                             None if total < 0 else total, context)
-    if self.stop is not None:
-      _control.controls.open(handle, self.stop, context.device)
-    lanes = tuple(size for _, size in reversed(context.batch_levels))
-    return [np.full(lanes, handle, np.int32)]
-
-
-@target
-class _Close(_BarTap):
-  """Closes an invocation's bar when its loop ends:
-  ``(handle, count, witness)``."""
-
-  bufferable = False
-
-  def deliver(self, flat_args, context):
-    handle, count, _ = flat_args
-    _bars.bars.close(_handle(handle), context.device, _bars.last_count(count),
-                     _bars.lanes_of(context))
-    return ()
-
-
-@target
-class _Tick(_BarTap):
-  """The step count after a chunk: ``(handle, count, witness[, running])``."""
-
-  bufferable = False
-
-  def deliver(self, flat_args, context):
-    handle, count, _, *active = flat_args
-    running = int(np.count_nonzero(active[0])) if active else None
-    _bars.bars.tick(_handle(handle), context.device, _bars.last_count(count),
-                    _bars.lanes_of(context), running)
-    _control.controls.after_tick(_handle(handle), _bars.last_count(count),
-                                 context.device)
-    return ()
-
-
-@target
-class _Step(_BarTap):
-  """One step of a decorated body (``track``)."""
-
-  delivery = "async"
-
-  def deliver(self, flat_args, context):
-    _bars.bars.step(self.site, context.device, 1, _bars.lanes_of(context),
-                    context)
-    return ()
-
-  def deliver_steps(self, stacked, steps, context):
-    _bars.bars.step(self.site, context.device, steps,
-                    _bars.lanes_of(context), context)
-
-
-@target
-class _Pace(_BarQuestion):
-  """A while_loop's question: how many steps until the next tick?"""
-
-  bufferable = False
-
-  def deliver(self, flat_args, context):
-    steps = _bars.bars.pace(_handle(flat_args[0]), context.device)
-    lanes = tuple(size for _, size in reversed(context.batch_levels))
-    return [np.full(lanes, steps, np.int32)]
-
-
-@target
-class _Finish(_BarQuestion):
-  """A steered loop has stopped on this device: ``(handle, reason)``;
-  raises the failure its loop contained, if any."""
-
-  containable = False  # raises what was contained
-
-  def deliver(self, flat_args, context):
-    handle, reason = flat_args
-    _control.controls.finish(_handle(handle), _handle(reason))
-    return ()
-
-
-# Device side -----------------------------------------------------------------
-
-
-def _lanes_probe(tree) -> jax.Array:
-  """A zero-size array batched wherever ``tree`` is: it makes a tick see
-  the vmap lanes without sending any data."""
-  probe = jnp.zeros((0,), jnp.int8)
-  for leaf in _control.data_leaves(tree):
-    probe = probe + jnp.ravel(leaf)[:0].astype(jnp.int8)
-  return probe
 
 
 @contextlib.contextmanager
@@ -191,178 +44,10 @@ def _nested():
     _local.depth -= 1
 
 
-def _tqdm_options() -> frozenset:
-  """The keyword options a tqdm bar takes (those hostcall sets aside)."""
-  import tqdm
-  names = set(inspect.signature(tqdm.tqdm.__init__).parameters)
-  return frozenset(names - {"self", "iterable", "kwargs", "desc", "total",
-                            "unit", "position", "leave", "file"})
-
-
-def _real(low, high=math.inf, *, open_low=False):
-  def check(value):
-    return (isinstance(value, numbers.Real)
-            and not isinstance(value, (bool, np.bool_))
-            and (low < value if open_low else low <= value) and value <= high)
-  return check
-
-
-def _of(*types):
-  return lambda value: isinstance(value, types)
-
-
-def _integer(value) -> bool:
-  return (isinstance(value, numbers.Integral)
-          and not isinstance(value, (bool, np.bool_)) and value >= 0)
-
-
-def _optional(check):
-  return lambda value: value is None or check(value)
-
-
-def _writable(value) -> bool:
-  return value is None or callable(getattr(value, "write", None))
-
-
-# What each bar option takes: checked when the loop is traced, where a bad
-# value would otherwise fail in tqdm on the delivery thread, the loop
-# already running. tqdm's options not listed (a newer tqdm's) go unchecked.
-_BAR_OPTIONS = {
-    "desc": (_optional(_of(str)), "a str or None"),
-    "unit": (_of(str), "a str"),
-    "leave": (_optional(_of(bool)), "True, False or None (default: only "
-              "outermost bars)"),
-    "file": (_writable, "None (the terminal or notebook) or an object with "
-             "a write() method, e.g. sys.stdout or io.StringIO()"),
-    "all_processes": (_of(bool), "True or False"),
-    "ncols": (_optional(_integer), "an int >= 0 or None"),
-    "nrows": (_optional(_integer), "an int >= 0 or None"),
-    "mininterval": (_real(0), "a number of seconds >= 0"),
-    "maxinterval": (_real(0), "a number of seconds >= 0"),
-    "miniters": (_optional(_real(0)), "a number >= 0 or None"),
-    "ascii": (lambda v: v is None or isinstance(v, bool)
-              or (isinstance(v, str) and len(v) >= 2),
-              "True, False, None or a str of at least 2 characters"),
-    "disable": (_optional(_of(bool)), "True, False or None"),
-    "unit_scale": (lambda v: isinstance(v, bool) or _real(0, open_low=True)(v),
-                   "True, False or a number > 0"),
-    "dynamic_ncols": (_of(bool), "True or False"),
-    "smoothing": (_real(0, 1), "a number from 0 to 1"),
-    "bar_format": (_optional(_of(str)), "a str or None"),
-    "initial": (_real(0), "a number >= 0"),
-    "postfix": (_optional(_of(str)), "a str or None"),
-    "unit_divisor": (_real(0, open_low=True), "a number > 0"),
-    "write_bytes": (_of(bool), "True or False"),
-    "lock_args": (_optional(_of(tuple)), "a tuple or None"),
-    "colour": (_optional(_of(str)), "a colour name or hex code (str), or "
-               "None"),
-    "delay": (_real(0), "a number of seconds >= 0"),
-    "gui": (_of(bool), "True or False"),
-}
-
-
-def _check_bar_options(options: dict) -> None:
-  """Refuses, when the loop is traced, a bar option tqdm would refuse when
-  it draws, naming the option, what came and what it takes."""
-  for name, value in options.items():
-    rule = _BAR_OPTIONS.get(name)
-    if rule is None or rule[0](value):
-      continue
-    if isinstance(value, _jax_private.Tracer):
-      got = (f"a traced value ({value!r}); bar options are fixed when the "
-             "loop is traced: pass a Python value")
-    else:
-      got = f"{value!r} of type {type(value).__name__}"
-    raise TypeError(f"hostcall.progress: {name}= takes {rule[1]}, got {got}.")
-
-
 def _spec(desc, total, unit, leave, file, all_processes, options):
-  position = getattr(_local, "depth", 0)
-  if "position" in options:
-    raise TypeError(
-        f"hostcall.progress sets a bar's position itself (nested progress "
-        f"loops draw nested bars), got position={options['position']!r}; "
-        "leave it out.")
-  _check_bar_options(dict(desc=desc, unit=unit, leave=leave, file=file,
-                          all_processes=all_processes, **options))
-  unknown = sorted(set(options) - _tqdm_options())
-  if unknown:
-    hints = []
-    for name in unknown:
-      close = difflib.get_close_matches(
-          name, sorted(_tqdm_options()) + ["desc", "every", "unit", "leave",
-                                           "file", "all_processes"], n=1)
-      hints.append(f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close
-                                  else ""))
-    raise TypeError(
-        f"hostcall.progress got unknown option(s) {', '.join(hints)}. It "
-        "takes desc, every, unit, leave, file, all_processes and tqdm's "
-        f"options: {', '.join(sorted(_tqdm_options()))}.")
-  try:
-    items = tuple(sorted(options.items()))
-    hash(items)
-  except TypeError:
-    raise TypeError(f"progress bar options must be hashable, got "
-                    f"{options!r}") from None
-  return _bars.BarSpec(
-      desc=desc, total=total, unit=unit, position=position,
-      leave=(position == 0) if leave is None else bool(leave), file=file,
-      all_processes=bool(all_processes), options=items)
-
-
-_INT_AVAL = _jax_private.ShapedArray((), jnp.int32)
-
-
-# The bar's events are asynchronous taps: the device copies a few numbers
-# into the queue and goes on; the consumer thread draws. They are unordered
-# for JAX: data dependencies order them (open -> loop -> close), and the
-# queue keeps the order in which the device sent them.
-
-
-def _open(site, total, stop=None) -> tuple[jax.Array, jax.Array]:
-  """The invocation's handle, and the loop's initial step count, which
-  waits for it."""
-  (handle,) = bind([jnp.asarray(total, jnp.int32)], target=_Open(site, stop),
-                   kind="call", result_avals=(_INT_AVAL,),
-                   ordering="unordered")
-  return handle, jnp.zeros_like(handle)
-
-
-def _witness(tree) -> jax.Array:
-  """One number read from every leaf of ``tree`` (or an empty array when it
-  holds no data), batched wherever ``tree`` is."""
-  value = _control.witness(tree)
-  return value if value.size else _lanes_probe(tree).astype(jnp.float32)
-
-
-def _tick(site, handle, count, results, *active):
-  # Reading the chunk's results keeps the tick after the chunk's steps.
-  bind([handle, count, _witness(results), *active], target=_Tick(site),
-       kind="call", delivery="async", ordering="unordered")
-
-
-def _ticks(stop, tqdm_options) -> bool:
-  """Whether a loop's chunks tick: not when no bar is drawn (``disable``)
-  and no host predicate reads them."""
-  return not (tqdm_options.get("disable") is True
-              and (stop is None or stop.stop_when is None))
-
-
-def _close(site, handle, count, results):
-  # The runtime starts an operation when its input buffers are ready, and
-  # XLA may know a loop's final step count without running it (an induction
-  # variable): reading the loop's results makes the close wait for its end.
-  bind([handle, count, _witness(results)], target=_Close(site),
-       kind="call", delivery="async", ordering="unordered")
-
-
-def _finish(site, handle, reason) -> None:
-  # Synchronous, on every device (one call per device in a global view
-  # too, and no result to share): a failure contained in the loop fails
-  # its computation on each device at this point, so that none waits for
-  # another in a collective.
-  bind([handle, reason], target=_Finish(site), kind="call",
-       ordering="unordered", delivery="sync", partitioned=True)
+  """The bar of a loop traced here: its row is the loop's nesting depth."""
+  return _bar_options.spec(desc, total, unit, leave, file, all_processes,
+                           options, position=getattr(_local, "depth", 0))
 
 
 def _check_every(every):
@@ -439,18 +124,18 @@ def scan(f: Callable, init, xs=None, length: int | None = None,
       carry, y = _scan.step_output(f(carry, x))
     return (count + 1, carry), y
 
-  handle, count = _open(site, steps, stop)
+  handle, count = _events.open_bar(site, steps, stop)
   out = _scan.scan(
       body, (count, init), xs, length=length, reverse=reverse,
       unroll=unroll, every=every,
-      after_chunk=None if not _ticks(stop, tqdm_options) else
-      lambda state, ys: _tick(site, handle, state[0], (state, ys)),
+      after_chunk=None if not _events.ticks(stop, tqdm_options) else
+      lambda state, ys: _events.tick(site, handle, state[0], (state, ys)),
       check=None if stop is None else
       lambda state, index: _control.check(handle, index, after=state))
   (count, carry), ys = out[:2]
   if stop is not None:
-    _finish(site, handle, out[2])
-  _close(site, handle, count, (carry, ys))
+    _events.finish(site, handle, out[2])
+  _events.close_bar(site, handle, count, (carry, ys))
   if stop is None:
     return carry, ys
   return _control.Result((carry, ys), out[2] != 0, count, out[2])
@@ -566,13 +251,13 @@ def _while(cond_fun, body_fun, init_val, total, *, desc, every, unit, leave,
   stop, desc = _steered(interruptible, time_limit, stop_when, desc)
   site = _bars.bars.site(_spec(desc, None, unit, leave, file, all_processes,
                                tqdm_options))
-  pace = _Pace(site)
+  pace = _events.Pace(site)
 
   def chunk(state):
     count, carry, checks, reason = state
     if every is None:
       (steps,) = bind([handle], target=pace, kind="call",
-                      result_avals=(_INT_AVAL,), ordering="unordered")
+                      result_avals=(_events.INT_AVAL,), ordering="unordered")
     else:
       steps = every
 
@@ -587,20 +272,20 @@ def _while(cond_fun, body_fun, init_val, total, *, desc, every, unit, leave,
 
     _, count, carry = lax.while_loop(inner_cond, inner_body,
                                      (jnp.int32(0), count, carry))
-    if _ticks(stop, tqdm_options):
-      _tick(site, handle, count, carry, cond_fun(carry))
+    if _events.ticks(stop, tqdm_options):
+      _events.tick(site, handle, count, carry, cond_fun(carry))
     if stop is not None:
       checks = checks + 1
       reason = _control.check(handle, checks, after=(count, carry))
     return count, carry, checks, reason
 
-  handle, count = _open(site, total, stop)
+  handle, count = _events.open_bar(site, total, stop)
   count, carry, _, reason = lax.while_loop(
       lambda state: cond_fun(state[1]) & (state[3] == 0), chunk,
       (count, init_val, jnp.int32(0), jnp.int32(0)))
   if stop is not None:
-    _finish(site, handle, reason)
-  _close(site, handle, count, carry)
+    _events.finish(site, handle, reason)
+  _events.close_bar(site, handle, count, carry)
   if stop is None:
     return carry
   return _control.Result(carry, reason != 0, count, reason)
@@ -673,10 +358,10 @@ def track(body: Callable | None = None, *, total: int | None = None,
           "the loop), or leave total out for a counter.")
     # The nesting depth (the bar's row) is known when the body is traced.
     spec = _spec(desc, total, unit, leave, file, all_processes, tqdm_options)
-    step = _Step(_bars.bars.site(spec))
+    step = _events.Step(_bars.bars.site(spec))
     with _nested():
       out = body(*args, **kwargs)
-    bind([_lanes_probe(out)], target=step, kind="call",
+    bind([_events.lanes_probe(out)], target=step, kind="call",
          delivery=step.delivery, ordering="unordered")
     return out
 

@@ -1,0 +1,223 @@
+"""A progress bar's events on the device side: the host calls a wrapped
+loop makes, and the targets that deliver them to ``bars.py``.
+
+A loop sends *open* before its first step (a call: it returns the
+invocation's handle, which the loop's other events carry), a *tick* with the
+step count after each chunk of steps and *close* after its last step (both
+asynchronous taps: the device copies a few numbers into hostcall's queue and
+goes on). A ``while_loop`` asks *pace* how many steps to run before its next
+tick; a steered loop sends *finish* when it stops; a body decorated by
+``track`` sends one *step* a step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hostcall import _jax_private
+from hostcall._apps import bars as _bars
+from hostcall._apps import control as _control
+from hostcall._core import CallTarget, TapTarget, bind, target
+
+# Targets ---------------------------------------------------------------------
+
+
+class _BarEvent:
+  """A bar's event at one loop (``site``): it happens once, rematerialised or
+  not; under vmap it sees every lane at once; step counts have nothing to
+  differentiate."""
+
+  remat = "once"
+
+  def __repr__(self):
+    return f"progress.{type(self).__name__.lstrip('_').lower()}({self.site})"
+
+
+@target
+class _BarQuestion(_BarEvent, CallTarget):
+  """An event whose answer the loop waits for (its failure fails the
+  loop's computation)."""
+
+  site: int
+  bufferable = False
+
+  def vmap_method(self) -> str:
+    return "broadcast_all"
+
+  def check_differentiable(self) -> None:
+    return None
+
+
+@target
+class _BarTap(_BarEvent, TapTarget):
+  """An event the loop does not wait for (failures wait for the barrier)."""
+
+  site: int
+
+
+def _handle(value) -> int:
+  """The invocation handle an event carries (the same in every lane)."""
+  return int(np.asarray(value).reshape(-1)[0])
+
+
+@target
+class _Open(_BarQuestion):
+  """Opens the bar of one invocation: ``(total,)``; returns the invocation's
+  handle, which the loop's other events carry (the loop cannot start before
+  its open, and a bar never mixes two invocations)."""
+
+  stop: Any = None  # a hostcall.control Stop: a steered loop
+  bufferable = False
+  containable = False  # opens a loop even where a failure is contained
+
+  def deliver(self, flat_args, context):
+    total = int(np.asarray(flat_args[0]).reshape(-1)[0])
+    handle = _bars.bars.open(self.site, context.device,
+                             None if total < 0 else total, context)
+    if self.stop is not None:
+      _control.controls.open(handle, self.stop, context.device)
+    lanes = tuple(size for _, size in reversed(context.batch_levels))
+    return [np.full(lanes, handle, np.int32)]
+
+
+@target
+class _Close(_BarTap):
+  """Closes an invocation's bar when its loop ends:
+  ``(handle, count, witness)``."""
+
+  bufferable = False
+
+  def deliver(self, flat_args, context):
+    handle, count, _ = flat_args
+    _bars.bars.close(_handle(handle), context.device, _bars.last_count(count),
+                     _bars.lanes_of(context))
+    return ()
+
+
+@target
+class _Tick(_BarTap):
+  """The step count after a chunk: ``(handle, count, witness[, running])``."""
+
+  bufferable = False
+
+  def deliver(self, flat_args, context):
+    handle, count, _, *active = flat_args
+    running = int(np.count_nonzero(active[0])) if active else None
+    _bars.bars.tick(_handle(handle), context.device, _bars.last_count(count),
+                    _bars.lanes_of(context), running)
+    _control.controls.after_tick(_handle(handle), _bars.last_count(count),
+                                 context.device)
+    return ()
+
+
+@target
+class Step(_BarTap):
+  """One step of a decorated body (``track``)."""
+
+  delivery = "async"
+
+  def deliver(self, flat_args, context):
+    _bars.bars.step(self.site, context.device, 1, _bars.lanes_of(context),
+                    context)
+    return ()
+
+  def deliver_steps(self, stacked, steps, context):
+    _bars.bars.step(self.site, context.device, steps,
+                    _bars.lanes_of(context), context)
+
+
+@target
+class Pace(_BarQuestion):
+  """A while_loop's question: how many steps until the next tick?"""
+
+  bufferable = False
+
+  def deliver(self, flat_args, context):
+    steps = _bars.bars.pace(_handle(flat_args[0]), context.device)
+    lanes = tuple(size for _, size in reversed(context.batch_levels))
+    return [np.full(lanes, steps, np.int32)]
+
+
+@target
+class _Finish(_BarQuestion):
+  """A steered loop has stopped on this device: ``(handle, reason)``;
+  raises the failure its loop contained, if any."""
+
+  containable = False  # raises what was contained
+
+  def deliver(self, flat_args, context):
+    handle, reason = flat_args
+    _control.controls.finish(_handle(handle), _handle(reason))
+    return ()
+
+
+# Device side -----------------------------------------------------------------
+
+
+def lanes_probe(tree) -> jax.Array:
+  """A zero-size array batched wherever ``tree`` is: it makes a tick see
+  the vmap lanes without sending any data."""
+  probe = jnp.zeros((0,), jnp.int8)
+  for leaf in _control.data_leaves(tree):
+    probe = probe + jnp.ravel(leaf)[:0].astype(jnp.int8)
+  return probe
+
+
+INT_AVAL = _jax_private.ShapedArray((), jnp.int32)
+
+
+# The bar's events are asynchronous taps: the device copies a few numbers
+# into the queue and goes on; the consumer thread draws. They are unordered
+# for JAX: data dependencies order them (open -> loop -> close), and the
+# queue keeps the order in which the device sent them.
+
+
+def open_bar(site, total, stop=None) -> tuple[jax.Array, jax.Array]:
+  """The invocation's handle, and the loop's initial step count, which
+  waits for it."""
+  (handle,) = bind([jnp.asarray(total, jnp.int32)], target=_Open(site, stop),
+                   kind="call", result_avals=(INT_AVAL,),
+                   ordering="unordered")
+  return handle, jnp.zeros_like(handle)
+
+
+def _witness(tree) -> jax.Array:
+  """One number read from every leaf of ``tree`` (or an empty array when it
+  holds no data), batched wherever ``tree`` is."""
+  value = _control.witness(tree)
+  return value if value.size else lanes_probe(tree).astype(jnp.float32)
+
+
+def tick(site, handle, count, results, *active):
+  # Reading the chunk's results keeps the tick after the chunk's steps.
+  bind([handle, count, _witness(results), *active], target=_Tick(site),
+       kind="call", delivery="async", ordering="unordered")
+
+
+def ticks(stop, tqdm_options) -> bool:
+  """Whether a loop's chunks tick: not when no bar is drawn (``disable``)
+  and no host predicate reads them."""
+  return not (tqdm_options.get("disable") is True
+              and (stop is None or stop.stop_when is None))
+
+
+def close_bar(site, handle, count, results):
+  # The runtime starts an operation when its input buffers are ready, and
+  # XLA may know a loop's final step count without running it (an induction
+  # variable): reading the loop's results makes the close wait for its end.
+  bind([handle, count, _witness(results)], target=_Close(site),
+       kind="call", delivery="async", ordering="unordered")
+
+
+def finish(site, handle, reason) -> None:
+  # Synchronous, on every device (one call per device in a global view
+  # too, and no result to share): a failure contained in the loop fails
+  # its computation on each device at this point, so that none waits for
+  # another in a collective.
+  bind([handle, reason], target=_Finish(site), kind="call",
+       ordering="unordered", delivery="sync", partitioned=True)
+
