@@ -435,3 +435,15 @@ def test_track_takes_any_total_where_the_loop_has_no_length():
                        r"invocation of the loop \(a Python int > 0\) or None "
                        rf"\(a counter\), got {re.escape(repr(bad))}"):
       progress.track(_step, total=bad)
+
+
+@pytest.mark.parametrize("every", [2**31 - 1, 2**31, 2**40, 10**18])
+def test_an_every_beyond_int32_is_one_chunk_of_a_while_loop(every):
+  stream = io.StringIO()
+  out = jax.jit(lambda: hostcall.progress.while_loop(
+      lambda c: c < 5, lambda c: c + 1, 0, every=every, file=stream))()
+  steered = jax.jit(lambda: hostcall.control.while_loop(
+      lambda c: c < 5, lambda c: c + 1, 0, every=every, time_limit=3600.0))()
+  hostcall.barrier()
+  assert int(out) == 5 and int(steered.value) == 5 and int(steered.steps) == 5
+  assert "5step" in stream.getvalue().replace(" ", "")

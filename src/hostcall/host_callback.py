@@ -44,7 +44,7 @@ from hostcall import _printing
 from hostcall._core import (CallbackException, CallTarget, TapTarget,
                             barrier, bind, target)
 from hostcall._core.context import CallContext
-from hostcall._core.targets import hash_key
+from hostcall._core.targets import key_of
 from hostcall._core import results
 from hostcall._core.checks import (check_arguments, check_callable,
                                        check_operands)
@@ -89,10 +89,7 @@ class _Tap(TapTarget):
   fn: Callable = dataclasses.field(compare=False)
   in_tree: Any
   with_device: bool
-  fn_key: Any = dataclasses.field(init=False)
-
-  def __post_init__(self):
-    object.__setattr__(self, "fn_key", hash_key(self.fn))
+  fn_key: Any = key_of("fn")
 
   @functools.cached_property
   def single_leaf(self) -> bool:
@@ -123,10 +120,7 @@ class _Call(CallTarget):
   result_avals: tuple
   with_device: bool
   unpack: bool
-  fn_key: Any = dataclasses.field(init=False)
-
-  def __post_init__(self):
-    object.__setattr__(self, "fn_key", hash_key(self.fn))
+  fn_key: Any = key_of("fn")
 
   def deliver(self, flat_args, context: CallContext):
     arg = jax.tree_util.tree_unflatten(self.in_tree, flat_args)

@@ -50,6 +50,9 @@ def _spec(desc, total, unit, leave, file, all_processes, options):
                            options, position=getattr(_local, "depth", 0))
 
 
+_INT32_MAX = 2**31 - 1
+
+
 def _check_every(every):
   if every is not None:
     _scan.check_every(every, ", or None for the default")
@@ -259,7 +262,9 @@ def _while(cond_fun, body_fun, init_val, total, *, desc, every, unit, leave,
       (steps,) = bind([handle], target=pace, kind="call",
                       result_avals=(_events.INT_AVAL,), ordering="unordered")
     else:
-      steps = every
+      # A chunk counts its steps in int32: a larger ``every`` means one
+      # chunk, as long as any loop the step count can follow.
+      steps = min(every, _INT32_MAX)
 
     def inner_cond(inner):
       return (inner[0] < steps) & cond_fun(inner[2])

@@ -34,7 +34,29 @@ from hostcall._core.context import CallContext
 target = functools.partial(dataclasses.dataclass, frozen=True, repr=False)
 
 
-class HostTarget:
+def key_of(field: str, how: Callable[[Any], Any] | None = None) -> Any:
+  """A field holding what equality compares for ``field`` (a function, say,
+  which may be unhashable, declared ``compare=False``): ``how(value)``,
+  ``hash_key`` by default; None where the value is None. Filled when the
+  instance is made (``KeyedFields``)."""
+  return dataclasses.field(init=False, repr=False, default=None,
+                           metadata={"key_of": (field, how)})
+
+
+class KeyedFields:
+  """A frozen dataclass whose ``key_of`` fields fill themselves."""
+
+  def __post_init__(self):
+    for f in dataclasses.fields(self):
+      found = f.metadata.get("key_of")
+      if found is not None:
+        field, how = found
+        value = getattr(self, field)
+        object.__setattr__(self, f.name, None if value is None
+                           else (how or hash_key)(value))
+
+
+class HostTarget(KeyedFields):
   """The base of every target; see the module's docstring."""
 
   #: ``"fail"``: an exception in the host function fails the computation

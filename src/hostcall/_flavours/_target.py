@@ -10,7 +10,7 @@ import jax
 from hostcall import _jax_private
 from hostcall._core.context import CallContext
 from hostcall._core.targets import (VECTORISED, CallTarget, call_per_element,
-                                    hash_key, target)
+                                    key_of, target)
 from hostcall._core import results
 
 VMAP_METHODS = ("sequential", "sequential_unrolled", *VECTORISED)
@@ -47,10 +47,7 @@ class CallbackTarget(CallTarget):
   vmap_error: Callable[[], Exception] | None = None
   jvp_error: Callable[[], Exception] | None = None
   derivatives: Any = None
-  callback_key: Any = dataclasses.field(init=False)
-
-  def __post_init__(self):
-    object.__setattr__(self, "callback_key", hash_key(self.callback))
+  callback_key: Any = key_of("callback")
 
   @property
   def remat(self) -> str:

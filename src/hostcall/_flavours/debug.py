@@ -11,7 +11,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from hostcall._core.targets import hash_key
+from hostcall._core.targets import KeyedFields, key_of
 from hostcall._core.checks import (check_arguments, check_callable,
                                        is_array_like)
 from hostcall._flavours import _stage
@@ -19,8 +19,12 @@ from hostcall._flavours import _stage
 _print_lock = threading.Lock()
 
 
+def _static_key(static: dict) -> tuple:
+  return tuple(sorted((i, repr(v)) for i, v in static.items()))
+
+
 @dataclasses.dataclass(frozen=True)
-class _WithStatic:
+class _WithStatic(KeyedFields):
   """Calls ``fn(*args, **kwargs)`` from the dynamic leaves, static ones kept.
 
   Compared by ``fn`` and the static leaves' reprs, so that equal call sites
@@ -30,11 +34,8 @@ class _WithStatic:
   fn: Callable = dataclasses.field(compare=False)
   in_tree: Any
   static: dict = dataclasses.field(compare=False)
-  key: tuple = dataclasses.field(init=False, repr=False)
-
-  def __post_init__(self):
-    object.__setattr__(self, "key", (hash_key(self.fn), tuple(sorted(
-        (i, repr(v)) for i, v in self.static.items()))))
+  fn_key: Any = key_of("fn")
+  static_key: tuple = key_of("static", _static_key)
 
   @property
   def __name__(self) -> str:  # noqa: PLW3201 - how errors name the callback

@@ -11,7 +11,7 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 
 from hostcall import _jax_private
-from hostcall._core.targets import hash_key
+from hostcall._core.targets import KeyedFields, key_of
 
 # Why a loop stopped early (``Result.reason``); 0: it ran to its end.
 #: ``Result.reason`` of a loop stopped by Ctrl-C (``interruptible=True``).
@@ -94,17 +94,13 @@ class LoopStatus:
 
 
 @dataclasses.dataclass(frozen=True)
-class Stop:
+class Stop(KeyedFields):
   """When a steered loop stops early (hashable: part of the call site)."""
 
   interruptible: bool = False
   time_limit: float | None = None
   stop_when: Callable | None = dataclasses.field(default=None, compare=False)
-  stop_when_key: Any = dataclasses.field(init=False, default=None)
-
-  def __post_init__(self):
-    object.__setattr__(self, "stop_when_key", None if self.stop_when is None
-                       else hash_key(self.stop_when))
+  stop_when_key: Any = key_of("stop_when")
 
   @classmethod
   def of(cls, interruptible, time_limit, stop_when) -> "Stop | None":
