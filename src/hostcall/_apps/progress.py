@@ -367,7 +367,7 @@ def track(body: Callable | None = None, *, total: int | None = None,
     with _nested():
       out = body(*args, **kwargs)
     bind([_events.lanes_probe(out)], target=step, kind="call",
-         delivery=step.delivery, ordering="unordered")
+         ordering="unordered")
     return out
 
   return tracked

@@ -278,8 +278,7 @@ def scan(f: Callable, init, xs=None, length: int | None = None,
     carry, (ys, taps) = lax.scan(body, carry, xs_part, length=n,
                                  unroll=unroll)
     if taps:
-      bind(list(taps) + [jnp.int32(n)], target=flushes[0], kind="call",
-           delivery=flushes[0].delivery)
+      bind(list(taps) + [jnp.int32(n)], target=flushes[0], kind="call")
     if after_chunk is not None:
       after_chunk(carry, ys)
     return carry, ys

@@ -396,17 +396,17 @@ class Consumer:
   def pushed(self) -> int:
     return self._queue.stats()["pushed"] if self._queue is not None else 0
 
-  def drain(self, timeout: float | None = None, target: int | None = None
+  def drain(self, timeout: float | None = None, count: int | None = None
             ) -> bool:
-    """Waits until every tap queued so far (or the first ``target``) has
+    """Waits until every tap queued so far (or the first ``count``) has
     been delivered."""
     if self._queue is None or self.is_consumer:
       return True  # the consumer cannot wait for itself
-    target = self.pushed() if target is None else target
+    count = self.pushed() if count is None else count
     self._queue.hurry(1)  # no gathering while we wait
     try:
       with self._done:
-        return self._done.wait_for(lambda: self._delivered >= target,
+        return self._done.wait_for(lambda: self._delivered >= count,
                                    timeout)
     finally:
       self._queue.hurry(-1)
@@ -424,10 +424,10 @@ def wait() -> None:
     return
   _jax_private.wait_for_effects()
   for _ in range(_MAX_BARRIER_ROUNDS):
-    target = consumer.pushed()
-    consumer.drain(target=target)
+    pushed = consumer.pushed()
+    consumer.drain(count=pushed)
     _jax_private.wait_for_effects()  # what the delivered host functions ran
-    if consumer.pushed() == target:
+    if consumer.pushed() == pushed:
       consumer.prune()  # what the barrier saw delivered is released now
       return
 

@@ -163,8 +163,7 @@ class Run:
               "True)) for larger steps.")
       operands.insert(0, jnp.asarray(step))
     log_target = LogTarget(sink, sink.id, names, step is not None)
-    bind(operands, target=log_target, kind="call",
-         delivery=log_target.delivery)
+    bind(operands, target=log_target, kind="call")
 
   def flush(self) -> None:
     """Waits for the computations running, then writes every row logged so
