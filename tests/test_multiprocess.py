@@ -115,16 +115,16 @@ STEERING_FAULTS = pathlib.Path(__file__).parent / "multiprocess" / (
     "steering_faults.py")
 
 
-@pytest.mark.parametrize("fault,loop", [("raise", "scan"), ("raise", "while"),
-                                        ("kill", "scan")])
-def test_a_steered_loop_fails_on_every_process_never_hangs(fault, loop):
-  # Only process 1's host function fails (or process 1 is killed) in a
-  # steered loop whose body communicates across the processes.
+def _launch_pair(script, args, envs=({}, {})):
+  """Two processes of ``script`` (``PORT 2 PROCESS_ID *args``), each with
+  its ``envs`` entry added; ``(procs, [(stdout, stderr)])`` once both
+  ended. A process still running after two minutes (waiting for a failed
+  peer) fails the test, and no process outlives it."""
   port = _free_port()
   procs = [subprocess.Popen(
-      [sys.executable, str(STEERING_FAULTS), str(port), "2", str(i), fault,
-       loop], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-      for i in range(2)]
+      [sys.executable, str(script), str(port), "2", str(i), *args],
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+      env={**os.environ, **env}) for i, env in enumerate(envs)]
   try:
     outputs = [p.communicate(timeout=120) for p in procs]
   except subprocess.TimeoutExpired:
@@ -134,6 +134,15 @@ def test_a_steered_loop_fails_on_every_process_never_hangs(fault, loop):
       if p.poll() is None:
         p.kill()
         p.wait()
+  return procs, outputs
+
+
+@pytest.mark.parametrize("fault,loop", [("raise", "scan"), ("raise", "while"),
+                                        ("kill", "scan")])
+def test_a_steered_loop_fails_on_every_process_never_hangs(fault, loop):
+  # Only process 1's host function fails (or process 1 is killed) in a
+  # steered loop whose body communicates across the processes.
+  procs, outputs = _launch_pair(STEERING_FAULTS, [fault, loop])
   (out0, err0), (out1, err1) = outputs
   if fault == "raise":
     # Process 1 fails with its host function's error; process 0, which
@@ -156,23 +165,9 @@ ASYNC_FAULTS = pathlib.Path(__file__).parent / "multiprocess" / (
 def _launch_async_faults(tmp_path, mode, queue0="native"):
   """Both processes of async_faults.py, process 0 on ``queue0``, process 1
   on the other queue."""
-  port = _free_port()
   native = ["1", "0"] if queue0 == "native" else ["0", "1"]
-  procs = [subprocess.Popen(
-      [sys.executable, str(ASYNC_FAULTS), str(port), "2", str(i), mode,
-       str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-      text=True, env=dict(os.environ, HOSTCALL_NATIVE=native[i]))
-      for i in range(2)]
-  try:
-    outputs = [p.communicate(timeout=120) for p in procs]
-  except subprocess.TimeoutExpired:
-    pytest.fail("a process waited for its failed peer")
-  finally:
-    for p in procs:
-      if p.poll() is None:
-        p.kill()
-        p.wait()
-  return procs, outputs
+  return _launch_pair(ASYNC_FAULTS, [mode, str(tmp_path)],
+                      [{"HOSTCALL_NATIVE": n} for n in native])
 
 
 def test_an_asynchronous_tap_raising_in_one_process_is_reported_there(

@@ -447,3 +447,27 @@ def test_an_every_beyond_int32_is_one_chunk_of_a_while_loop(every):
   hostcall.barrier()
   assert int(out) == 5 and int(steered.value) == 5 and int(steered.steps) == 5
   assert "5step" in stream.getvalue().replace(" ", "")
+
+
+def test_every_device_of_an_invocation_gets_the_same_paces(monkeypatch):
+  # A paced while_loop's chunk sizes come from the host's clock: device A
+  # measures slow steps, device B fast ones. Both get A's answers (the
+  # first to ask decides), so a communicating body runs the same steps
+  # between two checks everywhere.
+  now = [0.0]
+  monkeypatch.setattr(bars_module.time, "monotonic", lambda: now[0])
+  bars = bars_module.Bars()
+  site = bars.site(bar_options.spec("p", None, "step", None, io.StringIO(),
+                                    False, {"disable": True}, position=0))
+  a, b = bars.open(site, "A", None), bars.open(site, "B", None)
+  paces_a, paces_b = [], []
+  for step in (1.0, 1.0, 1.0):  # a step a second on A: a tick a step
+    paces_a.append(bars.pace(a, "A"))
+    now[0] += step
+  for step in (0.001, 0.001, 0.001):  # fast on B: it would double
+    paces_b.append(bars.pace(b, "B"))
+    now[0] += step
+  assert paces_a == paces_b == [1, 1, 1]
+  bars.close(a, "A", 3)
+  bars.close(b, "B", 3)
+  assert not bars._group_paces  # forgotten with the invocation's last device

@@ -78,7 +78,7 @@ def _steered(loop, host, flavour, communicate):
     out = control.while_loop(
         lambda s: s[0] < STEPS,
         lambda s: (s[0] + 1, mix(s[1], x) + tap(s[0])), (0, x * 0),
-        interruptible=True)
+        every=50, interruptible=True)  # checks at the same steps everywhere
     return out.value[1]
   return run
 
@@ -104,11 +104,15 @@ def test_a_failure_on_one_device_fails_the_call_under_shard_map(
                             mesh=mesh, in_specs=P("d"), out_specs=P("d")))
   _fails_with_boom(f, jnp.arange(4.0))
   # The failing device's host function ran up to the failure, and no later
-  # step of it reached the host; the others ran on to a check, in order.
+  # step of it reached the host; the others ran on, in order, to a check
+  # (one that had finished its loop by then raises at its finish). Devices
+  # that communicate run in step with the failing one: they stop early.
   assert host.steps_of(1) == list(range(FAILING_STEP + 1))
   for device in (0, 2, 3):
     steps = host.steps_of(device)
-    assert steps == list(range(len(steps))) and len(steps) < STEPS
+    assert steps == list(range(len(steps)))
+    if communicate:
+      assert len(steps) < STEPS
   # Nothing is held back afterwards: the same devices call the host again.
   host.failing_device = None
   host.seen.clear()
@@ -153,3 +157,24 @@ def test_a_nested_steered_loop_on_the_failing_device_stops_at_once():
                             out_specs=P("d")))
   _fails_with_boom(f, jnp.arange(4.0))
   assert host.steps_of(3) == list(range(FAILING_STEP + 1))
+
+
+def test_paced_chunks_are_the_same_on_every_device():
+  # A host-paced while_loop (every=None) whose body communicates: every
+  # device runs the same steps between checks, so that stopping at the same
+  # check never leaves one waiting in a psum for another.
+  mesh = Mesh(np.array(jax.devices()), ("d",))
+
+  def f(x):
+    out = control.while_loop(
+        lambda s: s[0] < 10**9,
+        lambda s: (s[0] + 1, s[1] + jax.lax.psum(x, "d")), (0, x * 0),
+        stop_when=lambda status: status.steps >= 2000)
+    return out.value[1], out.steps[None]
+
+  carry, steps = jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("d"),
+                                       out_specs=P("d")))(jnp.arange(4.0))
+  hostcall.barrier()
+  steps = np.asarray(steps)
+  assert len(set(steps.tolist())) == 1 and 2000 <= steps[0] < 10**9
+  np.testing.assert_array_equal(carry, [6.0 * steps[0]] * 4)

@@ -135,6 +135,9 @@ class Pace(_BarQuestion):
   """A while_loop's question: how many steps until the next tick?"""
 
   bufferable = False
+  # Answered where a failure is contained too: a chunk of no steps would
+  # keep the failing device from its next check.
+  containable = False
 
   def deliver(self, flat_args, context):
     steps = _bars.bars.pace(_handle(flat_args[0]), context.device)

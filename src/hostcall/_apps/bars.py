@@ -126,7 +126,10 @@ class Bars:
     # thread that opened it, when).
     self._open: dict[int, tuple] = {}
     self._handles = itertools.count(1)
-    self._paces: dict[int, tuple[float, int]] = {}
+    # handle -> (when it last asked, steps it was given, answers it had);
+    # an invocation's (site, index) -> the paces given, in order.
+    self._paces: dict[int, tuple[float, int, int]] = {}
+    self._group_paces: dict[tuple, list[int]] = {}
     self._steps: dict[tuple, int] = {}  # (site, device) -> track()'s handle
     # An invocation's handle -> (site, index): the k-th invocation of a site
     # on every device is one invocation, whose devices share a bar.
@@ -169,7 +172,7 @@ class Bars:
       self._open[handle] = (bar, device, threading.get_ident(),
                             time.monotonic())
       self._groups[handle] = (site, index)
-      self._paces[handle] = (time.monotonic(), 0)
+      self._paces[handle] = (time.monotonic(), 0, 0)
       return handle
 
   def tick(self, handle: int, device, count: int, lanes: int | None = None,
@@ -215,18 +218,26 @@ class Bars:
 
   def pace(self, handle: int, device) -> int:
     """How many steps a while_loop runs before its next tick: about
-    ``TICK_INTERVAL`` seconds' worth at the rate measured so far."""
+    ``TICK_INTERVAL`` seconds' worth at the rate measured so far. Every
+    device of one invocation gets the same answers, in the same order (the
+    first to ask decides): a body that communicates (``psum``) must run the
+    same steps between two checks on each."""
     del device
     with self._lock:
       now = time.monotonic()
-      then, steps = self._paces.get(handle, (now, 0))
-      if steps == 0:
-        following = 1
+      then, steps, asked = self._paces.get(handle, (now, 0, 0))
+      answers = self._group_paces.setdefault(self._groups.get(handle), [])
+      if asked < len(answers):
+        following = answers[asked]
       else:
-        rate = steps / max(now - then, 1e-6)
-        following = int(min(max(rate * TICK_INTERVAL, 1), 2 * steps))
-      following = min(following, 1 << 30)
-      self._paces[handle] = (now, following)
+        if steps == 0:
+          following = 1
+        else:
+          rate = steps / max(now - then, 1e-6)
+          following = int(min(max(rate * TICK_INTERVAL, 1), 2 * steps))
+        following = min(following, 1 << 30)
+        answers.append(following)
+      self._paces[handle] = (now, following, asked + 1)
       return following
 
   def close_all(self, stopped: bool = False, thread: int | None = None,
@@ -265,7 +276,10 @@ class Bars:
     that has not opened it by then never will)."""
     bar, device, _, _ = self._open.pop(handle, (None, None, None, None))
     self._paces.pop(handle, None)
-    if self._groups.pop(handle, None) is not None:
+    group = self._groups.pop(handle, None)
+    if group is not None:
+      if group not in self._groups.values():  # its last device
+        self._group_paces.pop(group, None)
       for hook in self.end_hooks:
         hook(handle)
     if bar is None or not bar.is_open:
