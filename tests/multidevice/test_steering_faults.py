@@ -50,7 +50,9 @@ def _bodies(host, flavour, communicate):
         host, jax.ShapeDtypeStruct((), jnp.int32), step)
 
   def mix(c, x):
-    return c + (jax.lax.psum(x, "d") if communicate else x)
+    # The psum reads the carry: one of x alone would be hoisted out of the
+    # loop, and the devices would not run in step.
+    return c + x + (jax.lax.psum(c, "d") * 1e-9 if communicate else 0)
 
   return tap, mix
 
@@ -168,7 +170,8 @@ def test_paced_chunks_are_the_same_on_every_device():
   def f(x):
     out = control.while_loop(
         lambda s: s[0] < 10**9,
-        lambda s: (s[0] + 1, s[1] + jax.lax.psum(x, "d")), (0, x * 0),
+        lambda s: (s[0] + 1, s[1] + x + jax.lax.psum(s[1], "d") * 0.0),
+        (0, x * 0),
         stop_when=lambda status: status.steps >= 2000)
     return out.value[1], out.steps[None]
 
@@ -177,4 +180,4 @@ def test_paced_chunks_are_the_same_on_every_device():
   hostcall.barrier()
   steps = np.asarray(steps)
   assert len(set(steps.tolist())) == 1 and 2000 <= steps[0] < 10**9
-  np.testing.assert_array_equal(carry, [6.0 * steps[0]] * 4)
+  np.testing.assert_array_equal(carry, np.arange(4.0) * steps[0])
