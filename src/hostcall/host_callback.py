@@ -41,7 +41,7 @@ from typing import Any, Callable
 import jax
 
 from hostcall import _printing
-from hostcall._core import (CallbackException, CallTarget, TapTarget,
+from hostcall._core import (CallbackException, CallTarget, PostponingTarget,
                             barrier, bind, target)
 from hostcall._core.context import CallContext
 from hostcall._core.targets import key_of
@@ -83,7 +83,7 @@ _ACCEPTED_NO_OP_KWARGS = frozenset({"tap_with_transform"})
 
 
 @target
-class _Tap(TapTarget):
+class _Tap(PostponingTarget):
   """``tap_func(arg, transforms[, device=dev])`` for ``id_tap``."""
 
   fn: Callable = dataclasses.field(compare=False)

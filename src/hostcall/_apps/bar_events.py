@@ -21,7 +21,7 @@ import numpy as np
 from hostcall import _jax_private
 from hostcall._apps import bars as _bars
 from hostcall._apps import control as _control
-from hostcall._core import CallTarget, TapTarget, bind, target
+from hostcall._core import CallTarget, PostponingTarget, bind, target
 
 # Targets ---------------------------------------------------------------------
 
@@ -53,7 +53,7 @@ class _BarQuestion(_BarEvent, CallTarget):
 
 
 @target
-class _BarTap(_BarEvent, TapTarget):
+class _BarTap(_BarEvent, PostponingTarget):
   """An event the loop does not wait for (failures wait for the barrier)."""
 
   site: int

@@ -31,12 +31,12 @@ from hostcall._core.collecting import collecting
 from hostcall._core.context import (CallContext, make_context,
                                     swap_call_context)
 from hostcall._core.primitive import bind
-from hostcall._core.targets import TapTarget, target
+from hostcall._core.targets import PostponingTarget, target
 from hostcall._core.checks import check_callable
 
 
 @target
-class FlushTarget(TapTarget):
+class FlushTarget(PostponingTarget):
   """Replays K steps of buffered taps, in order, to their host functions.
 
   Attributes:

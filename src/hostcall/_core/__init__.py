@@ -18,14 +18,15 @@ from hostcall._core.barriers import barrier
 from hostcall._core.context import CallContext, call_context
 from hostcall._core.errors import CallbackException
 from hostcall._core.primitive import bind, hostcall_p
-from hostcall._core.targets import CallTarget, HostTarget, TapTarget, target
+from hostcall._core.targets import (CallTarget, HostTarget, PostponingTarget,
+                                    target)
 
 __all__ = [
     "CallContext",
     "CallTarget",
     "CallbackException",
     "HostTarget",
-    "TapTarget",
+    "PostponingTarget",
     "barrier",
     "bind",
     "call_context",

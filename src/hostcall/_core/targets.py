@@ -6,7 +6,7 @@ what the user's function expects, calls it and returns flat NumPy results
 transformation and on failure. Two bases absorb what every flavour and
 application would otherwise repeat:
 
-* ``TapTarget``: called for its effect. Its failures are postponed to the
+* ``PostponingTarget``: called for its effect. Its failures are postponed to the
   next barrier; under ``vmap`` it receives the whole batch; it has nothing to
   differentiate.
 * ``CallTarget``: its failures fail the computation that made the call (its
@@ -84,11 +84,11 @@ class HostTarget(KeyedFields):
   #: steering's own calls, which raise contained failures and open loops.
   containable: bool = True
 
-  #: How ``jax.checkpoint`` treats the call: ``"tap"`` (runs again where its
-  #: inputs are rematerialised, as the legacy module documented),
+  #: How ``jax.checkpoint`` treats the call: ``"again"`` (runs again where
+  #: its inputs are rematerialised, as the legacy module documented),
   #: ``"debug"`` (exactly as ``jax.debug.callback`` under every policy) or
   #: ``"once"`` (never again: a metric row, a progress event).
-  remat: str = "tap"
+  remat: str = "again"
 
   #: A vectorised host side: ``deliver_steps(stacked_args, steps, context)``
   #: receives K buffered steps at once (the step axis after the batch axes)
@@ -152,7 +152,7 @@ class HostTarget(KeyedFields):
     return type(self).__name__
 
 
-class TapTarget(HostTarget):
+class PostponingTarget(HostTarget):
   """A host function called for its effect: failures wait for the barrier,
   the whole batch arrives at once under ``vmap``, nothing to differentiate."""
 

@@ -51,7 +51,7 @@ class CallbackTarget(CallTarget):
 
   @property
   def remat(self) -> str:
-    return "debug" if self.flavour.startswith("debug") else "tap"
+    return "debug" if self.flavour.startswith("debug") else "again"
 
   @property
   def inline_outside_jit(self) -> bool:

@@ -13,12 +13,12 @@ import numpy as np
 
 from hostcall._apps.metrics.block import Block
 from hostcall._apps.metrics.sink import RunSink
-from hostcall._core import TapTarget
+from hostcall._core import PostponingTarget
 from hostcall._core import target as _target
 
 
 @_target
-class LogTarget(TapTarget):
+class LogTarget(PostponingTarget):
   """The host side of one ``Run.log`` call site."""
 
   sink: RunSink = dataclasses.field(compare=False)
