@@ -8,6 +8,8 @@ import io
 import os
 import pathlib
 
+import numpy as np
+
 from hostcall._apps.metrics import files, reading
 from hostcall._apps.metrics.block import Block, column_texts
 from hostcall._apps.metrics.writer import Writer
