@@ -99,3 +99,35 @@ def test_ctrl_c_in_a_synchronous_tap_stops_the_loop_as_in_lax_scan(loop):
   assert expected == (list(range(FAILING + 1)), "failed", "nothing")
   assert _outcome(_LOOPS[loop], "id_tap", KeyboardInterrupt,
                   "sync") == expected
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "python"])
+def test_a_loop_opened_where_a_failure_is_contained_stops_at_its_first_check(
+    native, monkeypatch):
+  # A steered loop nested in the chunk of one whose host function failed
+  # (on the same device) inherits the failure: its first check stops it.
+  from hostcall._apps.control import FAILED, Stop, host
+  from hostcall._core.context import make_context
+  if not native:
+    monkeypatch.setattr(host.native, "load", lambda: None)
+  elif host.native.load() is None:
+    pytest.skip("the native library cannot be built here")
+  # Each its own invocation (a bar's (site, index)).
+  monkeypatch.setattr(host._bars.bars, "group_of", lambda h: ("site", h))
+  controls = host._Controls()
+  stop = Stop.of(False, 3600.0, None)
+  outer, inner = 2_000_001, 2_000_002  # handles no bar uses
+  device = jax.devices()[0]
+  controls.open(outer, stop, device)
+  assert controls.take(make_context((), device), ValueError("boom"))
+  controls.open(inner, stop, device)
+  try:
+    assert controls.poll(inner, 1) == FAILED
+  finally:
+    for handle in (inner, outer):
+      controls.end(handle)
+      controls.close(handle)
+  assert not controls.failing
+  # The failure was never raised by a finish: closing reported it.
+  with pytest.raises(hcb.CallbackException, match="boom"):
+    hostcall.barrier()

@@ -41,11 +41,11 @@ from jax.extend import core as jex_core
 
 from hostcall import _jax_private
 from hostcall._async import delivery as deliveries
-from hostcall._core import calls, collecting, control_flow, lowering
+from hostcall._core import (calls, collecting, control_flow, lifting,
+                           lowering)
 from hostcall._core.context import batch_levels, make_context
 from hostcall._core.effects import HOST_EFFECT_TYPES, effect_of
 from hostcall._core.targets import VECTORISED, HostTarget
-from hostcall._core import lifting
 from hostcall._core.tangents import instantiate
 
 hostcall_p = jex_core.Primitive("hostcall")

@@ -127,8 +127,13 @@ class _Controls(calls.Containment):
     # elapsed than the check that compares it with the time limit.
     with self._lock:
       self._open[handle] = (group, stop, time.monotonic())
-    if lib is not None:
-      return
+    if lib is None:
+      self._open_python(handle, group, stop)
+    if inherited is not None:  # once its stop state exists
+      self.request(group, FAILED)
+
+  def _open_python(self, handle: int, group: int, stop: Stop) -> None:
+    """``open``'s stop state where the native library is missing."""
     if stop.interruptible:
       self.install_python_handler()
     with self._lock:
