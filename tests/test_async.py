@@ -33,8 +33,9 @@ def test_the_native_queue_is_used_wherever_it_can_be_had():
   # With a C++ compiler, or a library built before, the native queue; else
   # the Python one (tested on its own with HOSTCALL_NATIVE=0).
   from hostcall._async import native
+  from hostcall._core import libraries
   can_have = (os.environ.get("HOSTCALL_NATIVE", "1") != "0" and (
-      native.compiler() is not None or native.library_path().exists()))
+      libraries.compiler() is not None or native.LIBRARY.path().exists()))
   assert hostcall.queue_stats()["native"] is can_have
 
 

@@ -106,15 +106,18 @@ def test_a_loop_opened_where_a_failure_is_contained_stops_at_its_first_check(
     native, monkeypatch):
   # A steered loop nested in the chunk of one whose host function failed
   # (on the same device) inherits the failure: its first check stops it.
-  from hostcall._apps.control import FAILED, Stop, host
+  from hostcall._apps.control import FAILED, Stop, host, native as library
+  from hostcall._apps.control import states
   from hostcall._core.context import make_context
   if not native:
-    monkeypatch.setattr(host.native, "load", lambda: None)
-  elif host.native.load() is None:
+    stop_states = states.PythonStopStates()
+  elif library.load() is None:
     pytest.skip("the native library cannot be built here")
+  else:
+    stop_states = states.NativeStopStates(library.load())
   # Each its own invocation (a bar's (site, index)).
   monkeypatch.setattr(host._bars.bars, "group_of", lambda h: ("site", h))
-  controls = host._Controls()
+  controls = host._Controls(stop_states)
   stop = Stop.of(False, 3600.0, None)
   outer, inner = 2_000_001, 2_000_002  # handles no bar uses
   device = jax.devices()[0]

@@ -17,6 +17,7 @@ import pytest
 import hostcall
 from hostcall import host_callback as hcb
 from hostcall._apps.control import controls, host as control_host
+from hostcall._apps.control import states as control_states
 
 ROOT = pathlib.Path(__file__).parent.parent
 
@@ -144,19 +145,18 @@ def test_ctrl_c_before_during_between_and_after_interruptible_loops(native):
       "end not-installed ready", "end KeyboardInterrupt"]
 
 
-def test_the_python_handler_is_installed_once_however_many_loops_trace(
-    monkeypatch):
+def test_the_python_handler_is_installed_once_however_many_loops_trace():
   # A bound method is a new object at each access: `is` never found the
   # handler installed, which then chained to itself (RecursionError).
-  monkeypatch.setattr(control_host.native, "load", lambda: None)
   before = signal.getsignal(signal.SIGINT)
-  python_controls = control_host._Controls()
+  python_controls = control_host._Controls(control_states.PythonStopStates())
   try:
-    python_controls.install_python_handler()   # two loops traced
-    python_controls.install_python_handler()
-    assert python_controls._previous_handler is before
+    python_controls.prepare_interruptible()   # two loops traced
+    python_controls.prepare_interruptible()
+    assert python_controls.sigint_installed()
+    assert python_controls.states.previous_handler is before
     with pytest.raises(KeyboardInterrupt):  # no loop runs: passed on
-      python_controls._on_sigint(signal.SIGINT, None)
+      python_controls.states.on_sigint(signal.SIGINT, None)
     assert signal.getsignal(signal.SIGINT) is before  # and put back
   finally:
     signal.signal(signal.SIGINT, before)

@@ -148,7 +148,7 @@ def _steered(interruptible, time_limit, stop_when, desc):
   """The loop's ``Stop`` (None: not steered), and its bar's label."""
   stop = _control.Stop.of(interruptible, time_limit, stop_when)
   if stop is not None and stop.interruptible:
-    _control.controls.install_python_handler()
+    _control.controls.prepare_interruptible()
     desc = f"{desc} (Ctrl-C stops)" if desc else "Ctrl-C stops"
   return stop, desc
 

@@ -99,20 +99,14 @@ void KeepBlock(Queue& q, std::vector<char>&& block) {
   }
 }
 
-}  // namespace
-
-extern "C" int64_t hostcall_control_predicates_open();  // hostcall_control.cc
-
-namespace {
-
 // Called with q.mu held: whether a gathering consumer must take the items
-// now: someone waits for their delivery (a barrier, a producer that needs
-// room, a steered loop's check that waits for its predicate), or they fill
-// a batch or a quarter of the queue.
+// now: someone waits for their delivery (hostcall_hurry: a barrier, a
+// steered loop whose checks wait for its predicate; or a producer that
+// needs room), or they fill a batch or a quarter of the queue.
 bool Urgent(const Queue& q) {
   return q.hurry > 0 || q.producers_waiting > 0 ||
          static_cast<int64_t>(q.items.size()) >= q.gather_items ||
-         q.bytes >= q.capacity / 4 || hostcall_control_predicates_open() > 0;
+         q.bytes >= q.capacity / 4;
 }
 
 // Puts an item in the queue, waiting for room if it is full.
@@ -296,7 +290,9 @@ void hostcall_free(void* handle) {
 }
 
 // A thread starts (+1) or stops (-1) waiting for the queue's items to be
-// delivered: while any waits, the consumer takes items without gathering.
+// delivered (a barrier; a steered loop with a host predicate holds one
+// while it is open, its checks waiting for the predicate to see each tick):
+// while any waits, the consumer takes items without gathering.
 void hostcall_hurry(int64_t delta) {
   Queue& q = queue();
   {
@@ -304,13 +300,6 @@ void hostcall_hurry(int64_t delta) {
     q.hurry += delta;
   }
   if (delta > 0) q.not_empty.notify_one();
-}
-
-// Wakes a gathering consumer to look again whether its items are urgent.
-void hostcall_wake_consumer() {
-  Queue& q = queue();
-  { std::lock_guard<std::mutex> lock(q.mu); }
-  q.not_empty.notify_one();
 }
 
 // Lets producers through a full queue (1) or not (0); see Queue::bypass.

@@ -11,7 +11,8 @@ host; ``checks``, ``results``: what is checked when traced and when results
 come back; ``lifting``, ``tangents``: derivative rules over ``vmap`` levels,
 symbolic zeros; ``collecting``: a loop body's taps gathered instead of
 staged; ``partitioned``: one call per shard; ``control_flow``: ``vmap`` of a
-``while`` whose condition calls the host.
+``while`` whose condition calls the host; ``libraries``: hostcall's native
+libraries built from their C++ sources, cached, verified and loaded.
 """
 
 from hostcall._core.barriers import barrier

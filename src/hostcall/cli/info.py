@@ -39,7 +39,9 @@ def run(args) -> int:
 
   import hostcall
   from hostcall._apps.metrics import registry
+  from hostcall._apps.control import native as control_native
   from hostcall._async import delivery, native
+  from hostcall._core import libraries
 
   print(f"hostcall {hostcall.__version__}")
   print(f"jax {jax.__version__}, jaxlib {jaxlib.__version__}, "
@@ -50,8 +52,9 @@ def run(args) -> int:
   print("sync taps: jax.interpreters.mlir.emit_python_callback "
         "(ordered by JAX effect tokens)")
   print(f"async taps: {native.status()}")
-  print(f"native cache: {native.cache_dir()} (HOSTCALL_CACHE), compiler: "
-        f"{native.compiler() or 'none found (set CXX)'}")
+  print(f"steered loops' checks: {control_native.LIBRARY.status()}")
+  print(f"native cache: {libraries.cache_dir()} (HOSTCALL_CACHE), compiler: "
+        f"{libraries.compiler() or 'none found (set CXX)'}")
   print(f"queue capacity: {hostcall.queue_stats()['capacity']} bytes")
   print(f"default delivery: {delivery.current()}")
   widgets = _version("ipywidgets")

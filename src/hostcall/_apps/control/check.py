@@ -1,7 +1,8 @@
 """The device side of a steered loop: the stop check, a primitive of its
-own (``control_check_p``) with its rules, answered by the native library's
-``hostcall_control_check`` or, where ``emission`` routes it to Python, by
-``controls.poll``."""
+own (``control_check_p``) with its rules, answered by the stop check's
+native library (``hostcall_control_check``, ``native.py``) or, where
+``emission`` routes it to Python, by ``controls.poll``: both read the same
+``StopStates`` (``states.py``)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ from jax.extend import core as jex_core
 
 from hostcall import _jax_private
 from hostcall._apps.control.host import controls
-from hostcall._async import native
 from hostcall._core import emission
 
 
@@ -110,7 +110,7 @@ def _remat_rule(saveable, unks_in, inst_in, eqn):
 def _lowering(ctx, handle, index, after):
   axis_context = ctx.module_context.axis_context
   global_view = emission.global_view(axis_context)
-  if emission.route(ctx, "check", native.load() is not None) == "ffi":
+  if emission.route(ctx, "check", controls.native) == "ffi":
     return jax.ffi.build_ffi_lowering_function(
         "hostcall_control_check", has_side_effect=True)(
             ctx, handle, index, after).results

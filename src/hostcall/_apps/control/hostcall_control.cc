@@ -41,8 +41,6 @@
 
 namespace ffi = xla::ffi;
 
-extern "C" void hostcall_wake_consumer();  // hostcall_queue.cc
-
 namespace {
 
 constexpr int32_t kInterrupted = 1;
@@ -159,8 +157,9 @@ int32_t Poll(int64_t handle, int64_t check) {
   if (found == s.group_of.end()) return 0;
   const int64_t group = found->second;
   if (s.groups[group].predicate && s.groups[group].stop_at < 0) {
-    // The tick this check waits for may sit in the queue, gathering.
-    hostcall_wake_consumer();
+    // (The tick this check waits for is not left gathering in the
+    // asynchronous queue: the loop's open holds a hurry on it,
+    // host.py.)
     s.evaluated_cv.wait_for(lock, kPredicateWait, [&] {
       auto g = s.groups.find(group);
       auto seen = s.evaluated.find(handle);
@@ -292,8 +291,7 @@ void hostcall_control_close(int64_t handle) {
   if (--group->second.handles == 0) s.groups.erase(group);
 }
 
-// How many open handles have checks that wait for a host predicate: while
-// there are, the consumer delivers ticks as they come (no gathering).
+// How many open handles have checks that wait for a host predicate.
 int64_t hostcall_control_predicates_open() { return predicate_open.load(); }
 
 // The check, for the Python-callback path (several devices under jit).

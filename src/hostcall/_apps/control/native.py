@@ -1,0 +1,39 @@
+"""The stop check's native library: ``hostcall_control.cc`` (the
+``hostcall_control_check`` FFI handler, each invocation's stop state,
+Ctrl-C), built and loaded by ``_core/libraries.py`` on first use. It shares
+nothing with the asynchronous queue's library."""
+
+from __future__ import annotations
+
+import ctypes
+import pathlib
+
+from hostcall._core import libraries
+
+_i64 = ctypes.c_int64
+
+#: The stop check's library.
+LIBRARY = libraries.Library(
+    "hostcall_control",
+    [pathlib.Path(__file__).with_name("hostcall_control.cc")],
+    signatures={
+        "hostcall_control_open": ([_i64, _i64, _i64, _i64, _i64], None),
+        "hostcall_control_evaluated": ([_i64], None),
+        "hostcall_control_request": ([_i64, _i64], None),
+        "hostcall_control_close": ([_i64], None),
+        "hostcall_control_poll": ([_i64, _i64], _i64),
+        "hostcall_control_end": ([_i64], None),
+        "hostcall_control_sigint_installed": ([], _i64),
+        "hostcall_control_interrupts": ([], _i64),
+        "hostcall_control_predicates_open": ([], _i64),
+    },
+    handlers={"check": ("hostcall_control_check",)},
+    what="stop check",
+    fallback="steered loops check through Python callbacks (the same "
+    "behaviour, slower)")
+
+
+def load():
+  """The loaded stop-check library with its FFI handler registered, or
+  None."""
+  return LIBRARY.load()
