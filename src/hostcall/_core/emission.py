@@ -29,9 +29,11 @@ from jax.extend.mlir.dialects import stablehlo as hlo
 
 from hostcall import _jax_private
 
-#: The handlers hostcall's native library serves, per platform: ``enqueue``
-#: (``hostcall_enqueue``: a queued tap's operands copied into the queue) and
-#: ``check`` (``hostcall_control_check``: a steered loop's stop check).
+#: The handlers hostcall's native libraries serve, per platform: ``enqueue``
+#: (the queue's ``hostcall_enqueue``: a queued tap's operands copied into
+#: the queue) and ``check`` (the stop check's ``hostcall_control_check``).
+#: Each library (``libraries.Library``) registers its handlers for the
+#: platforms this table gives them.
 NATIVE: dict[str, frozenset] = {
     "cpu": frozenset({"enqueue", "check"}),
 }

@@ -5,8 +5,9 @@ A steered loop (``hostcall.progress.scan`` / ``fori_loop`` / ``while_loop``
 with ``interruptible=``, ``time_limit=`` or ``stop_when=``, or
 ``hostcall.control.while_loop``) runs in chunks of steps, as the progress
 loops do, and after each chunk asks "stop now?" (``check``). The answer
-comes from host state in about a microsecond (the native library's
-``hostcall_control_check``; a Python callback where it cannot serve), so
+comes from host state in about a microsecond (``states.StopStates``: the
+stop check's own native library, ``hostcall_control_check``; Python, and
+a Python callback for the check, where it cannot serve), so
 the device waits for no Python: the host sets that state when Ctrl-C
 arrives, when the time limit passes (checked against the clock), or when a
 predicate run after each chunk's tick says so. The loop then skips what is

@@ -1,7 +1,8 @@
 // hostcall's steered loops (hostcall.control): the check a compiled loop
 // makes between chunks of steps, "stop now?", answered from host state in
 // about a microsecond, without Python and without making the device wait
-// for the host.
+// for the host. A library of its own (native.py), which calls nothing of
+// the asynchronous queue's; states.py has the same rules in Python.
 //
 // The host sets that state: a time limit (checked here against the clock),
 // a request from a host predicate (hostcall_control_request), or Ctrl-C: a
