@@ -6,7 +6,6 @@ Python where the library is missing; ``states.py``), chosen at first use."""
 from __future__ import annotations
 
 import itertools
-import logging
 import threading
 import time
 from typing import Any
@@ -18,8 +17,6 @@ from hostcall._apps.control.interrupts import (Reaper,
 from hostcall._apps.control.spec import FAILED, STOP_WHEN, LoopStatus, Stop
 from hostcall._async import queue
 from hostcall._core import calls, errors
-
-logger = logging.getLogger("hostcall")
 
 
 class _Failure:
