@@ -109,6 +109,9 @@ def test_info_names_versions_devices_and_fast_path():
                    re.M)
   assert "backend cpu" in out
   assert "async taps: native (XLA FFI handler" in out
+  # The stop check's library is its own (and its own file).
+  assert re.search(r"^steered loops' checks: native \(XLA FFI handler, "
+                   r".*hostcall_control-[^/]*\.so\)$", out, re.M)
   assert re.search(r"^native cache: .*hostcall \(HOSTCALL_CACHE\), "
                    r"compiler: /", out, re.M)
   assert "queue capacity: 67108864 bytes" in out
