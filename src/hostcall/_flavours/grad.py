@@ -100,7 +100,7 @@ def _delivery_now(delivery: str | None) -> str:
 
 
 def grad_callback(callback: Callable[..., None], x: Any, *args: Any,
-                  ordered: bool = False, partitioned: bool = False,
+                  ordered: bool = True, partitioned: bool = False,
                   vmap_method: str = "sequential",
                   delivery: str | None = None, **kwargs: Any) -> Any:
   """Returns ``x`` unchanged and calls ``callback(cotangent, *args,
@@ -120,7 +120,10 @@ def grad_callback(callback: Callable[..., None], x: Any, *args: Any,
     x: the watched value: a float array or a pytree of them.
     *args, **kwargs: forward values handed to ``callback`` (a step index, a
       layer's name), saved by the forward pass.
-    ordered: sequence the call with the other ordered callbacks.
+    ordered: sequence the call with the other ordered callbacks (the
+      default: the calls of one backward pass then reach the host in its
+      order; with ``False`` the compiler may reorder calls that do not
+      depend on each other, as for ``debug_callback``).
     partitioned: under ``jit`` of arrays sharded over several devices, one
       call per shard with the local shard of the cotangent (see
       ``debug_callback``).
@@ -174,7 +177,7 @@ def grad_callback(callback: Callable[..., None], x: Any, *args: Any,
   return on_backward(x, (args, kwargs), stage)
 
 
-def grad_print(fmt: str, x: Any, *args: Any, ordered: bool = False,
+def grad_print(fmt: str, x: Any, *args: Any, ordered: bool = True,
                partitioned: bool = False, skip_format_check: bool = False,
                vmap_method: str = "sequential", delivery: str | None = None,
                **kwargs: Any) -> Any:
