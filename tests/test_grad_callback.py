@@ -126,7 +126,8 @@ program = st.lists(st.tuples(st.integers(0, len(OPS) - 1), st.booleans()),
 
 
 @hypothesis.settings(max_examples=EXAMPLES, deadline=None)
-@hypothesis.given(program, st.sampled_from(["jit", "eager", "scan"]),
+@hypothesis.given(program, st.sampled_from(["jit", "eager", "scan",
+                                           "checkpoint"]),
                   st.lists(st.floats(-2, 2, width=32), min_size=3,
                            max_size=3))
 def test_random_programs_show_each_watched_cotangent_as_jax_vjp(
@@ -149,6 +150,8 @@ def test_random_programs_show_each_watched_cotangent_as_jax_vjp(
       v, _ = lax.scan(lambda c, _: (chain(c, 0, watch), None), v, None,
                       length=2)
       return jnp.sum(v)
+    if how == "checkpoint":
+      return jnp.sum(jax.checkpoint(lambda v: chain(v, 0, watch))(v))
     return jnp.sum(chain(v, 0, watch))
 
   grad = jax.grad(loss)
