@@ -537,3 +537,26 @@ def test_log_grad_without_step_numbers_rows_and_vmap_makes_members(tmp_path):
   assert by[(0, 0)] == pytest.approx(2.0) and by[(0, 1)] == pytest.approx(6.0)
   assert by[(1, None)] == pytest.approx(10.0)
   run.close()
+
+
+def test_grad_print_under_vmap_prints_each_element_in_order(capsys):
+  def f(x, i):
+    return jnp.sum(hostcall.grad_print("{1}: {0}", x * x, i) * 3.0)
+
+  jax.vmap(jax.grad(f))(jnp.array([1.0, 2.0]), jnp.arange(2))
+  hostcall.barrier()
+  assert capsys.readouterr().out == "0: 3.0\n1: 3.0\n"
+
+
+def test_unordered_calls_still_see_the_right_values():
+  seen = Seen()
+
+  def f(x):
+    a = hostcall.grad_callback(seen, x * 2.0, "a", ordered=False)
+    b = hostcall.grad_callback(seen, x * 5.0, "b", ordered=False)
+    return a * 3.0 + b * 7.0
+
+  jax.jit(jax.grad(f))(1.0)
+  hostcall.barrier()
+  assert sorted((name, float(ct)) for ct, name in seen.calls) == [
+      ("a", 3.0), ("b", 7.0)]
