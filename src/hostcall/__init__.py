@@ -7,6 +7,8 @@ Public API:
   replacements for JAX's callbacks, with extra options that remove their
   walls (derivative rules, finite differences, ordered callbacks under
   ``vmap``, io callbacks under ``grad``).
+* ``hostcall.grad_callback``, ``hostcall.grad_print``: host calls and
+  prints of the backward pass, with the cotangent reaching a value.
 * ``hostcall.HostFunction``: a host function with derivative rules.
 * ``hostcall.host_callback``: the legacy ``jax.experimental.host_callback``
   API (``id_tap``, ``id_print``, ``call``, ``barrier_wait``) on modern JAX.
@@ -42,6 +44,7 @@ from hostcall._core.errors import (HostFunctionError, original_error,
                                    original_errors)
 from hostcall._derivatives.rules import HostFunction, fd_step
 from hostcall._flavours.debug import debug_callback, debug_print
+from hostcall._flavours.grad import grad_callback, grad_print
 from hostcall._flavours.io import io_callback
 from hostcall._flavours.pure import pure_callback
 
@@ -69,6 +72,8 @@ __all__ = [
     "debug_callback",
     "debug_print",
     "fd_step",
+    "grad_callback",
+    "grad_print",
     "host_callback",
     "io_callback",
     "metrics",

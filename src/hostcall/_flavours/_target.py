@@ -18,14 +18,18 @@ VMAP_METHODS = ("sequential", "sequential_unrolled", *VECTORISED)
 _JAX_NAMES = {"debug_callback": "jax.debug.callback",
               "debug_print": "jax.debug.callback"}
 
+#: Flavours called for their effect, as JAX's debug callbacks (the grad
+#: flavours' calls are debug callbacks of the backward pass).
+_DEBUG_LIKE = ("debug_callback", "debug_print", "grad_callback", "grad_print")
+
 
 @target
 class CallbackTarget(CallTarget):
   """Calls ``callback(*args, **kwargs)`` with NumPy arrays on the host.
 
   Attributes:
-    flavour: ``"pure_callback"``, ``"io_callback"``, ``"debug_callback"``
-      or ``"debug_print"``.
+    flavour: ``"pure_callback"``, ``"io_callback"``, ``"debug_callback"``,
+      ``"debug_print"``, ``"grad_callback"`` or ``"grad_print"``.
     callback: the user's function (compared by ``hash_key``).
     in_tree: the pytree of ``(args, kwargs)``.
     result_tree, result_avals: what the callback returns.
@@ -51,11 +55,11 @@ class CallbackTarget(CallTarget):
 
   @property
   def remat(self) -> str:
-    return "debug" if self.flavour.startswith("debug") else "again"
+    return "debug" if self.flavour in _DEBUG_LIKE else "again"
 
   @property
   def inline_outside_jit(self) -> bool:
-    return self.flavour.startswith("debug")
+    return self.flavour in _DEBUG_LIKE
 
   @property
   def name(self) -> str:
@@ -69,7 +73,9 @@ class CallbackTarget(CallTarget):
     return f"hostcall.{self.flavour}"
 
   @property
-  def jax_name(self) -> str:
+  def jax_name(self) -> str | None:
+    if self.flavour.startswith("grad"):
+      return None  # no JAX function of that name: logged as hostcall's
     return _JAX_NAMES.get(self.flavour, f"jax.{self.flavour}")
 
   def vmap_method(self) -> str:

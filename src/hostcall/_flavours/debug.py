@@ -49,14 +49,19 @@ class _WithStatic(KeyedFields):
     self.fn(*args, **kwargs)
 
 
-def _stage_debug(flavour, fn, args, kwargs, ordered, partitioned):
+def stage_debug(flavour: str, fn: Callable, args: tuple, kwargs: dict,
+                ordered: bool, partitioned: bool,
+                vmap_method: str = "sequential") -> None:
+  """Stages the result-less call ``fn(*args, **kwargs)`` as the debug
+  flavours do: array leaves are operands, other leaves (text, ``None``)
+  are kept on the host side."""
   flat, in_tree = jax.tree_util.tree_flatten((args, kwargs))
   static = {i: leaf for i, leaf in enumerate(flat) if not is_array_like(leaf)}
   dynamic = [leaf for leaf in flat if is_array_like(leaf)]
   _stage.stage(flavour, _WithStatic(fn, in_tree, static), None,
                tuple(dynamic), {},
                ordering="ordered" if ordered else "unordered",
-               partitioned=partitioned, vmap_method="sequential",
+               partitioned=partitioned, vmap_method=vmap_method,
                jvp_error=None)
 
 
@@ -97,7 +102,7 @@ def debug_callback(callback: Callable[..., None] | None = None, *args: Any,
                     dict.fromkeys(c_kwargs, None), "hostcall.debug_callback",
                     "debug_callback calls callback(*args, **kwargs) with the "
                     "arguments given after it.")
-    _stage_debug("debug_callback", fn, c_args, c_kwargs, ordered,
+    stage_debug("debug_callback", fn, c_args, c_kwargs, ordered,
                  partitioned)
 
   return _one_or_two_calls("debug_callback", staged, callback, args, kwargs)
@@ -185,6 +190,23 @@ class _Printer:
       sys.stdout.write(message + "\n")
 
 
+def make_printer(fmt: str, args: tuple, kwargs: dict,
+                 skip_format_check: bool = False) -> Callable[..., None]:
+  """The host function that prints ``fmt.format(*args, **kwargs)`` as
+  ``debug_print`` does (with the NumPy print options in force now), ``fmt``
+  checked against the arguments unless ``skip_format_check``."""
+  if not skip_format_check:
+    _FormatChecker().format(fmt, *args, **kwargs)
+  # JAX looks at the first piece of the format only; where that would
+  # drop keyword values (JAX then fails at run time, '{{x}} = {x}'), any
+  # replacement field counts.
+  pieces = list(string.Formatter().parse(fmt)) if fmt else []
+  has_placeholders = bool(pieces) and pieces[0][1] is not None
+  if kwargs and not has_placeholders:
+    has_placeholders = any(field is not None for _, field, _, _ in pieces)
+  return _Printer(fmt, tuple(np.get_printoptions().items()), has_placeholders)
+
+
 def debug_print(fmt: str | None = None, *args: Any, ordered: bool = False,
                 partitioned: bool = False, skip_format_check: bool = False,
                 **kwargs: Any):
@@ -208,18 +230,8 @@ def debug_print(fmt: str | None = None, *args: Any, ordered: bool = False,
     x = 2
   """
   def staged(fmt: str, *c_args, **c_kwargs):
-    if not skip_format_check:
-      _FormatChecker().format(fmt, *c_args, **c_kwargs)
-    # JAX looks at the first piece of the format only; where that would
-    # drop keyword values (JAX then fails at run time, '{{x}} = {x}'), any
-    # replacement field counts.
-    pieces = list(string.Formatter().parse(fmt)) if fmt else []
-    has_placeholders = bool(pieces) and pieces[0][1] is not None
-    if c_kwargs and not has_placeholders:
-      has_placeholders = any(field is not None for _, field, _, _ in pieces)
-    printer = _Printer(fmt, tuple(np.get_printoptions().items()),
-                       has_placeholders)
-    _stage_debug("debug_print", printer, c_args, c_kwargs, ordered,
-                 partitioned)
+    printer = make_printer(fmt, c_args, c_kwargs, skip_format_check)
+    stage_debug("debug_print", printer, c_args, c_kwargs, ordered,
+                partitioned)
 
   return _one_or_two_calls("debug_print", staged, fmt, args, kwargs)

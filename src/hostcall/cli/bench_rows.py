@@ -428,11 +428,44 @@ def steered_loops(b: Bench) -> list[dict]:
   ]
 
 
+def backward_pass(b: Bench) -> list[dict]:
+  """10. One ``grad_callback`` a step on the carry (its 64x64 cotangent,
+  16 KiB) in the scan under ``grad``, asynchronous, against the same
+  backward pass without it; and one ``Run.log_grad`` a step (its norm)."""
+  repeats = 3 * b.repeats
+
+  def loss(watch):
+    def step(carry, _):
+      return watch(_matmul_step(carry)), None
+    return lambda x: jnp.sum(jax.lax.scan(step, x, None, length=b.steps)[0])
+
+  plain = jax.jit(jax.grad(loss(lambda c: c)))
+  watched = jax.jit(hostcall.delivery("async")(jax.grad(loss(
+      lambda c: hostcall.grad_callback(_noop, c)))))
+  rows = []
+  us, ratio = b.paired(watched, repeats=repeats, base_fn=plain)
+  rows.append(_row("10. grad_callback a step under grad, async, end to end",
+                   us, ratio, 1.2,
+                   "16 KiB cotangent a step; ratio to the same backward pass "
+                   "without it, every call delivered"))
+  us, ratio = b.paired(watched, drain=False, repeats=repeats, base_fn=plain)
+  rows.append(_row("10. ... device side", us, ratio, None,
+                   "the queue drained after the timing"))
+  with tempfile.TemporaryDirectory() as root:
+    run = hostcall.metrics.Run("bench-grad", root=root)
+    logged = jax.jit(jax.grad(loss(lambda c: run.log_grad(c=c))))
+    us, ratio = b.paired(logged, repeats=repeats, base_fn=plain)
+    run.close()
+  rows.append(_row("10. Run.log_grad a step (the norm), rows written", us,
+                   ratio, None, "ratio to the same backward pass without it"))
+  return rows
+
+
 #: Every row, in the order printed.
 ROWS = (plain_scan, jax_references, default_tap, ordered_vs_unordered,
         loop_buffered, async_device_side, async_dispatch, async_slow_host,
         one_tap_per_call, big_async_tap, busy_main_thread, progress_bar,
-        metrics_rows, peers, steered_loops)
+        metrics_rows, peers, steered_loops, backward_pass)
 
 
 def measure(steps: int, repeats: int) -> list[dict]:

@@ -13,6 +13,7 @@ import os
 import pathlib
 from typing import Any, Iterable
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -25,6 +26,7 @@ from hostcall._async import queue as _queue
 from hostcall._core import bind
 from hostcall._core.context import why_waiting_is_forbidden
 from hostcall._core.checks import describe_leaf, is_array_like
+from hostcall._flavours.grad import on_backward
 
 
 def _run_dir(root, name) -> pathlib.Path:
@@ -47,6 +49,32 @@ def _run_dir(root, name) -> pathlib.Path:
 
 
 _INDEX_COLUMNS = frozenset({"member", "device"})
+
+#: What ``Run.log_grad`` may log of each cotangent, and how.
+GRAD_STATS = ("norm", "min", "max", "nans")
+
+
+def _grad_stats(cotangent, stats) -> dict:
+  """``{stat: value}`` of one named value's cotangent (a pytree): over every
+  element of every leaf, in float32 (the norm from a sum of squares)."""
+  leaves = [jnp.ravel(jnp.asarray(leaf)) for leaf in
+            jax.tree_util.tree_leaves(cotangent)]
+  flat = jnp.concatenate(leaves) if len(leaves) > 1 else leaves[0]
+  if jnp.iscomplexobj(flat):
+    magnitude = jnp.abs(flat).astype(jnp.float32)
+  else:
+    magnitude = flat.astype(jnp.float32)
+  out = {}
+  for stat in stats:
+    if stat == "norm":
+      out[stat] = jnp.sqrt(jnp.sum(jnp.square(jnp.abs(magnitude))))
+    elif stat == "min":
+      out[stat] = jnp.min(magnitude)
+    elif stat == "max":
+      out[stat] = jnp.max(magnitude)
+    else:  # "nans"
+      out[stat] = jnp.sum(jnp.isnan(flat)).astype(jnp.int32)
+  return out
 
 
 def _describe(value) -> str:
@@ -164,6 +192,82 @@ class Run:
       operands.insert(0, jnp.asarray(step))
     log_target = LogTarget(sink, sink.id, names, step is not None)
     bind(operands, target=log_target, kind="call")
+
+  def log_grad(self, step=None, *, stats: Iterable[str] = ("norm",),
+               **named) -> Any:
+    """Returns the named values unchanged and, where the program is
+    differentiated, logs statistics of the cotangent reaching each of them
+    from the backward pass, into this run (per-layer gradient norms without
+    returning them).
+
+    Arguments:
+      step: the step number (an integer scalar, traced or not), saved by
+        the forward pass; None numbers the rows on the host, as for
+        ``log``.
+      stats: which statistics of each cotangent to log, among ``"norm"``
+        (the Euclidean norm over every element of the value, a pytree
+        included), ``"min"``, ``"max"`` and ``"nans"`` (how many elements
+        are NaN); column ``grad_<stat>/<name>``.
+      **named: name=value: the float values (arrays or pytrees of them)
+        whose cotangents to watch.
+
+    Returns:
+      The value, if one was named; else a tuple of the values, in the
+      order named.
+
+    One row per backward pass (and ``vmap`` member), written when the
+    cotangents are complete: a loop's steps last first. The forward pass
+    logs nothing, and a program that is not differentiated logs nothing.
+    See ``hostcall.grad_callback`` for ``vmap``, second order, checkpoint
+    and forward mode.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, hostcall
+      >>> run = hostcall.metrics.Run("doc-grad", writers=["memory"])
+      >>> def loss(w, step):
+      ...   w = run.log_grad(step, w=w)
+      ...   return jnp.sum(w ** 2)
+      >>> _ = jax.jit(jax.grad(loss))(jnp.array([3.0, 4.0]), 0)
+      >>> run.records()
+      [{'step': 0, 'grad_norm/w': 10.0}]
+    """
+    stats = (stats,) if isinstance(stats, str) else tuple(stats)
+    unknown = [s for s in stats if s not in GRAD_STATS]
+    if unknown or not stats:
+      raise ValueError(f"log_grad's stats= are among {GRAD_STATS}, got "
+                       f"{stats!r}: e.g. stats=('norm', 'nans').")
+    if not named:
+      raise TypeError("Run.log_grad needs at least one named value, e.g. "
+                      "h = run.log_grad(step, layer1=h).")
+    if self._sink.current().closed:
+      raise RuntimeError(f"{self._sink.current()!r} is closed; open a new "
+                         "Run to log more.")
+
+    def stage(cotangents, saved_step):
+      metrics = {}
+      for name, cotangent in zip(named, cotangents):
+        for stat, value in _grad_stats(cotangent, stats).items():
+          metrics[f"grad_{stat}/{name}"] = value
+      self.log(saved_step, **metrics)
+
+    if step is not None:
+      if not is_array_like(step) or not jnp.issubdtype(
+          jnp.result_type(step), jnp.integer) or jnp.ndim(step) != 0:
+        raise TypeError(
+            "step must be one integer (traced or not; under vmap, one per "
+            f"member), got {_describe(step)}: run.log_grad(step, w=w).")
+    values = tuple(named.values())
+    for name, value in named.items():
+      leaves = jax.tree_util.tree_leaves(value)
+      if not leaves or not all(
+          is_array_like(v) and jnp.issubdtype(jnp.result_type(v),
+                                              jnp.inexact) for v in leaves):
+        raise TypeError(
+            f"log_grad: {name!r} must be a float array (or a pytree of "
+            f"them), a value a gradient flows through; got "
+            f"{_describe(leaves[0]) if leaves else repr(value)}.")
+    out = on_backward(values, step, stage)
+    return out[0] if len(out) == 1 else tuple(out)
 
   def flush(self) -> None:
     """Waits for the computations running, then writes every row logged so
