@@ -16,6 +16,9 @@ Public API:
   default) or asynchronous ones (queued, delivered by a host thread, the
   device never waiting for Python); ``hostcall.set_queue_capacity``,
   ``hostcall.set_gather_window``, ``hostcall.queue_stats``.
+* ``hostcall.jit``: ``jax.jit`` whose taps, prints and metrics rows become
+  outputs, so that a jitted step with them dispatches at a plain step's
+  speed.
 * ``hostcall.scan``: ``lax.scan`` whose taps reach the host K steps at a
   time (loop-buffered delivery).
 * ``hostcall.progress``: progress bars for ``scan``, ``fori_loop`` and
@@ -43,6 +46,7 @@ from hostcall._core.errors import (HostFunctionError, original_error,
 from hostcall._derivatives.rules import HostFunction, fd_step
 from hostcall._flavours.debug import debug_callback, debug_print
 from hostcall._flavours.io import io_callback
+from hostcall._flavours.jit import jit
 from hostcall._flavours.pure import pure_callback
 
 __version__ = "0.1.0"
@@ -71,6 +75,7 @@ __all__ = [
     "fd_step",
     "host_callback",
     "io_callback",
+    "jit",
     "metrics",
     "original_error",
     "original_errors",
