@@ -83,6 +83,12 @@ def _nested_jit(log, x):
   return inner(inner(x))
 
 
+def _no_operands(log, x):
+  hostcall.debug_callback(log.fn("nothing"))
+  hostcall.debug_print("constant {}", 3)
+  return x
+
+
 def _dtypes(log, x):
   hcb.id_tap(log.tap("mixed"), (x, x.astype(jnp.int8), x > 0,
                                 jnp.zeros((0, 2)), jnp.bfloat16(1.5), x.astype(jnp.int4),
@@ -98,6 +104,7 @@ PROGRAMS = {
     "scan": (_scan, (np.arange(1, 4, dtype=np.float32),)),
     "nested_jit": (_nested_jit, (np.float32(0.25),)),
     "dtypes": (_dtypes, (np.arange(-1, 2, dtype=np.float32),)),
+    "no_operands": (_no_operands, (np.float32(1),)),
 }
 
 
@@ -341,3 +348,44 @@ def test_many_calls_deliver_in_order_with_bounded_pending_values():
 def test_refuses_a_function_that_is_not_callable():
   with pytest.raises(TypeError, match="hostcall.jit's fun must be callable"):
     hostcall.jit(3)
+
+
+def test_exit_without_a_barrier_delivers_every_call(tmp_path):
+  import subprocess
+  import sys
+  script = tmp_path / "exits.py"
+  script.write_text(
+      "import jax.numpy as jnp, hostcall\n"
+      "@hostcall.jit\n"
+      "def step(i):\n"
+      "  hostcall.debug_print('step {}', i)\n"
+      "  return i + 1\n"
+      "i = jnp.int32(0)\n"
+      "for _ in range(500):\n"
+      "  i = step(i)\n")
+  proc = subprocess.run([sys.executable, str(script)], capture_output=True,
+                        text=True, timeout=120)
+  assert proc.returncode == 0, proc.stderr
+  assert proc.stdout.splitlines() == [f"step {i}" for i in range(500)]
+
+
+def test_slow_host_functions_bound_what_waits_and_lose_nothing():
+  from hostcall._async.deferred import deferred
+  seen = []
+  before = deferred.capacity
+  deferred.capacity = 64 * 1024  # a few hundred calls' values
+
+  @hostcall.jit
+  def f(x):
+    hostcall.debug_callback(lambda v: seen.append(float(v[0])), x)
+    return x
+
+  try:
+    x = np.zeros(1024, np.float32)  # 4 KiB a call
+    for i in range(300):
+      f(x + i)
+      assert deferred._bytes <= deferred.capacity + x.nbytes
+  finally:
+    hostcall.barrier()
+    deferred.capacity = before
+  assert seen == [float(i) for i in range(300)]

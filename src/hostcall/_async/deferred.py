@@ -108,8 +108,9 @@ class Deferred:
           plan, packs, _, values = group[0]
           if values is None:
             continue  # a failed program (see _groups)
-          plan.replay_many([plan.unpack(values) for *_, values in group],
-                           _jax_private.device_assignment(packs[0].sharding), _run_one)
+          plan.replay([values[0] for *_, values in group],
+                      _jax_private.device_assignment(packs[0].sharding),
+                      _run_one)
         except BaseException as exc:  # noqa: BLE001 - the thread never dies
           errors.postpone(exc, "delivering the host calls of a hostcall.jit "
                           "program")

@@ -74,64 +74,69 @@ class Loop:
 @dataclasses.dataclass(frozen=True, eq=False)
 class Plan:
   """How the host replays a program's deferred calls from its packed
-  outputs: ``nodes`` in program order; ``slots`` say where each flat value
-  sits (``(pack, start, stop, (carrier, shape, dtype))``: bytes of the flat
-  output ``pack``, read as ``carrier`` and converted to ``dtype``).
-  Compared by identity: one per traced program."""
+  output: ``nodes`` in program order; ``slots`` say where each flat value
+  sits (``(start, stop, carrier, shape, dtype)``: bytes of the output, read
+  as ``carrier`` and converted to ``dtype``). Compared by identity: one per
+  traced program."""
 
   nodes: tuple
   slots: tuple
-  pack_dtypes: tuple
   _contexts: dict = dataclasses.field(default_factory=dict, repr=False)
 
-  def unpack(self, packs: Sequence[np.ndarray]) -> list[np.ndarray]:
-    """The flat deferred values, from the packed outputs (on the host)."""
-    return [_uncarried(packs[pack][start:stop], how)
-            for pack, start, stop, how in self.slots]
-
-  def replay(self, values: Sequence[np.ndarray], devices, run) -> None:
-    """Calls ``run(target, operands, context)`` for each deferred call, in
-    program order."""
-    self.replay_many([values], devices, run)
-
-
-  def replay_many(self, programs: Sequence[Sequence[np.ndarray]], devices,
-                  run) -> None:
-    """Replays several calls of the program, in the order they were made;
-    a vectorised target at the program's top level (``deliver_steps``: a
-    metrics row) receives every call's values at once, after the other
-    calls of them all, as ``hostcall.scan`` delivers a chunk. ``devices``:
-    the program's devices, a call's ``device_index`` picks its caller."""
+  def replay(self, packed: Sequence[np.ndarray], devices, run) -> None:
+    """Calls ``run(target, operands, context)`` for each deferred call of
+    the calls of the program whose packed outputs are ``packed`` (one
+    array of bytes per call), in the order the calls were made, each in
+    program order. A vectorised target at the program's top level
+    (``deliver_steps``: a metrics row) receives every call's values at
+    once, after the others' calls, as ``hostcall.scan`` delivers a chunk.
+    ``devices``: the program's devices, a call's ``device_index`` picks
+    its caller."""
     contexts = self._contexts.get(devices)
     if contexts is None:
       contexts = self._contexts[devices] = {}
-    vectorised = len(programs) > 1 and any(
+    rows = np.stack(packed) if len(packed) > 1 else packed[0][None]
+    # Each value of every call at once: (calls, *shape).
+    columns = [_uncarried(rows[:, start:stop], carrier, shape, dtype)
+               for start, stop, carrier, shape, dtype in self.slots]
+    vectorised = len(packed) > 1 and any(
         type(n) is Call and n.target.deliver_steps is not None
         for n in self.nodes)
-    for values in programs:
-      _replay(self.nodes, list(values), devices, run, contexts,
-              skip_vectorised=vectorised)
+    if not vectorised or not all(
+        type(n) is Call and n.target.deliver_steps is not None
+        for n in self.nodes):
+      for i in range(len(packed)):
+        _replay(self.nodes, [c[i] for c in columns], devices, run, contexts,
+                skip_vectorised=vectorised)
     if not vectorised:
       return
     at = 0
     for node in self.nodes:
       if type(node) is Call and node.target.deliver_steps is not None:
-        context = contexts[id(node)]
+        context = _context_of(node, devices, contexts)
         rank = len(context.batch_levels)
-        stacked = [np.stack([values[i] for values in programs], axis=rank)
-                   for i in range(at, at + node.size)]
-        run(Steps(node.target, len(programs)), stacked, context)
+        stacked = [np.moveaxis(c, 0, rank) if rank else c
+                   for c in columns[at:at + node.size]]
+        run(Steps(node.target, len(packed)), stacked, context)
       at += node.size
 
 
-def _uncarried(raw: np.ndarray, how) -> np.ndarray:
-  carrier, shape, dtype = how
-  value = raw.view(carrier).reshape(shape)
+def _uncarried(raw: np.ndarray, carrier, shape, dtype) -> np.ndarray:
+  value = np.ascontiguousarray(raw).view(carrier).reshape(
+      (raw.shape[0], *shape))
   if carrier == dtype:
     return value
   if jnp.issubdtype(dtype, jnp.complexfloating):
-    return np.ascontiguousarray(value).view(dtype).reshape(shape[:-1])
+    return value.view(dtype).reshape(value.shape[:-1])
   return value.astype(dtype)
+
+
+def _context_of(node: Call, devices, contexts: dict):
+  context = contexts.get(id(node))
+  if context is None:
+    device = devices[node.device_index if len(devices) > 1 else 0]
+    context = contexts[id(node)] = make_context(node.transforms, device)
+  return context
 
 
 def _replay(nodes, values, devices, run, contexts,
@@ -141,12 +146,8 @@ def _replay(nodes, values, devices, run, contexts,
     mine = values[at:at + node.size]
     at += node.size
     if type(node) is Call:
-      context = contexts.get(id(node))
-      if context is None:
-        device = devices[node.device_index if len(devices) > 1 else 0]
-        context = contexts[id(node)] = make_context(node.transforms, device)
       if not (skip_vectorised and node.target.deliver_steps is not None):
-        run(node.target, mine, context)
+        run(node.target, mine, _context_of(node, devices, contexts))
     else:
       steps = range(node.length)
       for step in (reversed(steps) if node.reverse else steps):
@@ -314,11 +315,12 @@ def pack(values: Sequence, nodes: tuple) -> tuple[list, Plan]:
     carrier, value = _carried(value, dtype)
     raw = jnp.ravel(jax.lax.bitcast_convert_type(value, jnp.uint8))
     size = int(raw.shape[0])
-    slots.append((0, used, used + size, (carrier, tuple(value.shape), dtype)))
+    slots.append((used, used + size, carrier, tuple(value.shape), dtype))
     used += size
     pieces.append(raw)
-  packs = [jnp.concatenate(pieces) if len(pieces) > 1 else pieces[0]]
-  return packs, Plan(nodes, tuple(slots), (np.dtype(np.uint8),))
+  packs = [jnp.concatenate(pieces) if len(pieces) > 1 else pieces[0]
+           if pieces else jnp.zeros((0,), jnp.uint8)]
+  return packs, Plan(nodes, tuple(slots))
 
 
 def _carried(value, dtype: np.dtype):
