@@ -106,8 +106,9 @@ class Plan:
         type(n) is Call and n.target.deliver_steps is not None
         for n in self.nodes):
       for i in range(len(packed)):
-        _replay(self.nodes, [c[i] for c in columns], devices, run, contexts,
-                skip_vectorised=vectorised)
+        # (i, ...): a 0-d value stays an array, as the runtime hands it.
+        _replay(self.nodes, [c[i, ...] for c in columns], devices, run,
+                contexts, skip_vectorised=vectorised)
     if not vectorised:
       return
     at = 0
@@ -151,8 +152,8 @@ def _replay(nodes, values, devices, run, contexts,
     else:
       steps = range(node.length)
       for step in (reversed(steps) if node.reverse else steps):
-        _replay(node.body, [v[step] for v in mine], devices, run, contexts,
-                skip_vectorised)
+        _replay(node.body, [v[step, ...] for v in mine], devices, run,
+                contexts, skip_vectorised)
 
 
 # --- which programs can be deferred -----------------------------------------
