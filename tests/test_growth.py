@@ -283,3 +283,51 @@ def test_100000_invocations_leave_everything_flat(native):
       print(changed(before[0], after[0]), before[1] == after[1])
       """, native, timeout=3600)
   assert out == "{} True"
+
+
+_JIT_STEPS = """
+      import resource
+      seen = []
+      run = hostcall.metrics.Run("growth", root=os.environ["RUN_ROOT"],
+                                 writers=["memory"])
+      @hostcall.jit
+      def step(x, i):
+        hostcall.debug_callback(lambda v: seen.append(1), x[0])
+        run.log(i, loss=x[1])
+        return jnp.tanh(x)
+      def invoke(n):
+        x = jnp.ones(16)
+        for i in range(n):
+          x = step(x, i)
+      def rss():
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+"""
+
+
+def test_hostcall_jit_leaves_registries_threads_and_descriptors_flat(
+    tmp_path, monkeypatch):
+  monkeypatch.setenv("RUN_ROOT", str(tmp_path))
+  out = _child(_JIT_STEPS + """
+      invoke(200)
+      before = settled()
+      invoke(5000)
+      after = settled()
+      print(len(seen) == 5200, changed(before[0], after[0]),
+            before[1] == after[1])
+      """, "1")
+  assert out == "True {} True"
+
+
+@pytest.mark.heavy
+def test_100000_hostcall_jit_calls_leave_memory_flat(tmp_path, monkeypatch):
+  monkeypatch.setenv("RUN_ROOT", str(tmp_path))
+  out = _child(_JIT_STEPS + """
+      invoke(20000)
+      settled()
+      peak = rss()
+      invoke(100000)
+      after = settled()
+      grown_mib = (rss() - peak) / 1024
+      print(len(seen) == 120000, grown_mib < 64)
+      """, "1", timeout=3600)
+  assert out == "True True"

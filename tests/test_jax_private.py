@@ -383,3 +383,50 @@ def test_loop_of_frame_finds_the_loop_tracing_a_body():
   assert seen == [("scan", 6), ("scan", 4), ("scan", 9), ("while", None),
                   ("while", None)]
   assert innermost() is None
+
+
+def test_scan_layout_counts_consts_and_carry():
+  k = jnp.float32(2)
+
+  def f(x, c0):
+    return jax.lax.scan(lambda c, a: ((c[0] + a * k, c[1] * 2.0), a * k),
+                        c0, x)
+
+  closed = jax.make_jaxpr(f)(jnp.ones(3), (jnp.float32(0), jnp.float32(1)))
+  scan, = [e for e in closed.eqns if e.primitive.name == "scan"]
+  num_consts, num_carry = _jax_private.scan_layout(scan.params)
+  assert num_carry == 2
+  assert num_consts + num_carry + 1 == len(scan.invars)
+  assert _jax_private.scan_layout({"length": 3}) is None
+
+
+def test_bind_equation_rebinds_as_eval_jaxpr_does():
+  def f(x):
+    y = jax.jit(jnp.sin)(x)
+    return jax.lax.cond(x > 0, lambda v: v * 2, lambda v: v, y)
+
+  closed = jax.make_jaxpr(f)(1.0)
+  env = {closed.jaxpr.invars[0]: jnp.float32(0.5)}
+  for eqn in closed.jaxpr.eqns:
+    outs = _jax_private.bind_equation(eqn, [
+        getattr(v, "val", None) if not isinstance(v, jax.extend.core.Var)
+        else env[v] for v in eqn.invars])
+    outs = outs if eqn.primitive.multiple_results else [outs]
+    env.update(zip(eqn.outvars, outs))
+  assert float(env[closed.jaxpr.outvars[0]]) == pytest.approx(
+      float(f(0.5)))
+
+
+def test_is_top_level_is_false_under_a_transformation():
+  assert _jax_private.is_top_level()
+  seen = []
+  jax.vmap(lambda x: seen.append(_jax_private.is_top_level()) or x)(
+      jnp.ones(2))
+  jax.jit(lambda x: seen.append(_jax_private.is_top_level()) or x)(1.0)
+  assert seen == [False, False]
+
+
+def test_device_assignment_orders_a_sharding_s_devices():
+  device = jax.devices()[0]
+  assert _jax_private.device_assignment(
+      SingleDeviceSharding(device)) == (device,)

@@ -18,6 +18,9 @@ Public API:
   default) or asynchronous ones (queued, delivered by a host thread, the
   device never waiting for Python); ``hostcall.set_queue_capacity``,
   ``hostcall.set_gather_window``, ``hostcall.queue_stats``.
+* ``hostcall.jit``: ``jax.jit`` whose taps, prints and metrics rows become
+  outputs, so that a jitted step with them dispatches at a plain step's
+  speed.
 * ``hostcall.scan``: ``lax.scan`` whose taps reach the host K steps at a
   time (loop-buffered delivery).
 * ``hostcall.progress``: progress bars for ``scan``, ``fori_loop`` and
@@ -46,6 +49,7 @@ from hostcall._derivatives.rules import HostFunction, fd_step
 from hostcall._flavours.debug import debug_callback, debug_print
 from hostcall._flavours.grad import grad_callback, grad_print
 from hostcall._flavours.io import io_callback
+from hostcall._flavours.jit import jit
 from hostcall._flavours.pure import pure_callback
 
 __version__ = "0.1.0"
@@ -76,6 +80,7 @@ __all__ = [
     "grad_print",
     "host_callback",
     "io_callback",
+    "jit",
     "metrics",
     "original_error",
     "original_errors",

@@ -32,6 +32,7 @@ from jax._src import effects as _effects
 from jax._src import literals as _literals
 from jax._src import named_sharding as _named_sharding
 from jax._src import sharding_impls as _sharding_impls
+from jax._src import source_info_util as _source_info_util
 from jax._src import traceback_util as _traceback_util
 from jax._src import util as _util
 from jax._src.interpreters import batching as _batching
@@ -428,3 +429,52 @@ def loop_of_frame(frame) -> tuple[str, int | None] | None:
   if frame.f_code in _WHILE_CODES:
     return "while", None
   return None
+
+
+def scan_layout(params) -> tuple[int, int] | None:
+  """``(num_consts, num_carry)`` of a ``scan`` equation's operands (consts,
+  then carry, then xs), from its parameters; None where this release lays
+  them out in a way not known here."""
+  if "num_consts" in params and "num_carry" in params:
+    return params["num_consts"], params["num_carry"]
+  flat = params.get("ft_in")  # JAX 0.12: a flat tree (consts, carry, xs)
+  parts = getattr(flat, "elts", None)
+  if parts is None or len(parts) != 3:
+    return None
+  return _leaf_count(parts[0]), _leaf_count(parts[1])
+
+
+def _leaf_count(flat_tree) -> int:
+  elts = getattr(flat_tree, "elts", None)
+  return 1 if elts is None else sum(_leaf_count(e) for e in elts)
+
+
+def is_top_level() -> bool:
+  """Whether no transformation traces the caller (no ``jit``, ``vmap``,
+  ``grad`` around it): values are concrete arrays."""
+  return _core.trace_ctx.is_top_level()
+
+
+def bind_equation(eqn, invals):
+  """Binds ``eqn``'s primitive on ``invals`` in the current trace, as
+  ``jax.core.eval_jaxpr`` does (its parameters made bindable, its source
+  location and context kept)."""
+  params = eqn.primitive.get_bind_params(eqn.params)
+  subfuns = ()
+  if isinstance(params, tuple):  # JAX before 0.9: (subfuns, params)
+    subfuns, params = params
+  name_stack = (_source_info_util.current_name_stack()
+                + eqn.source_info.name_stack)
+  with _source_info_util.user_context(eqn.source_info.traceback,
+                                      name_stack=name_stack), \
+      eqn.ctx.manager:
+    return eqn.primitive.bind(*subfuns, *invals, **params)
+
+
+def device_assignment(sharding) -> tuple:
+  """The devices of ``sharding`` in the order of the computation's device
+  assignment (what a call's ``device_index`` counts), by id where the
+  sharding does not keep it."""
+  devices = getattr(sharding, "_device_assignment", None)
+  return tuple(devices) if devices else tuple(
+      sorted(sharding.device_set, key=lambda d: d.id))

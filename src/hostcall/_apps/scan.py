@@ -31,7 +31,7 @@ from hostcall._core.collecting import collecting
 from hostcall._core.context import (CallContext, make_context,
                                     swap_call_context)
 from hostcall._core.primitive import bind
-from hostcall._core.targets import PostponingTarget, target
+from hostcall._core.targets import PostponingTarget, Steps, target
 from hostcall._core.checks import check_callable
 
 
@@ -52,6 +52,7 @@ class FlushTarget(PostponingTarget):
                                             compare=False)
 
   bufferable = False  # an enclosing hostcall.scan flushes its own chunks
+  deferrable = True  # its taps are all bufferable: none must be live
 
   @classmethod
   def of(cls, signature: list) -> "FlushTarget":
@@ -107,30 +108,11 @@ class FlushTarget(PostponingTarget):
       steps = lead + (slice(0, n), Ellipsis)
       for tap_target, tap_buffers, tap_context in vectorised:
         swap_call_context(tap_context)
-        calls.deliver(_Steps(tap_target, n),
+        calls.deliver(Steps(tap_target, n),
                       [b[steps] for b in tap_buffers], tap_context)
     finally:
       swap_call_context(outer)
     return ()
-
-
-class _Steps:
-  """A vectorised tap's ``deliver_steps`` for ``n`` steps, seen by
-  ``calls.deliver`` as one target with the tap's own failure policy."""
-
-  __slots__ = ("target", "n")
-
-  def __init__(self, tap_target, n: int):
-    self.target, self.n = tap_target, n
-
-  def deliver(self, flat_args, context):
-    return self.target.deliver_steps(flat_args, self.n, context)
-
-  def __getattr__(self, name):
-    return getattr(self.target, name)
-
-  def __repr__(self):
-    return repr(self.target)
 
 
 def step_output(out) -> tuple:

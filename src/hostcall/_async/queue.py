@@ -36,6 +36,7 @@ import numpy as np
 
 from hostcall import _jax_private
 from hostcall._async import native, queues
+from hostcall._async.deferred import deferred
 from hostcall._core import calls, errors
 from hostcall._core.targets import HostTarget
 
@@ -424,10 +425,11 @@ def wait() -> None:
     return
   _jax_private.wait_for_effects()
   for _ in range(_MAX_BARRIER_ROUNDS):
-    pushed = consumer.pushed()
+    pushed, submitted = consumer.pushed(), deferred.submitted()
+    deferred.drain(count=submitted)
     consumer.drain(count=pushed)
     _jax_private.wait_for_effects()  # what the delivered host functions ran
-    if consumer.pushed() == pushed:
+    if consumer.pushed() == pushed and deferred.submitted() == submitted:
       consumer.prune()  # what the barrier saw delivered is released now
       return
 

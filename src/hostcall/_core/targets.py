@@ -68,6 +68,13 @@ class HostTarget(KeyedFields):
   #: Targets whose host side must see each event as it happens say no.
   bufferable: bool = True
 
+  #: Whether ``hostcall.jit`` may defer this call to the program's outputs,
+  #: delivering it once the program is done (see ``deferring``): by default
+  #: as ``bufferable`` (a call the host must see as it happens is neither).
+  @property
+  def deferrable(self) -> bool:
+    return self.bufferable
+
   #: The delivery this target asks for (``"async"`` for taps whose host side
   #: never needs to run before the computation goes on); None: the delivery
   #: in force when traced. ``hostcall.scan`` flushes asynchronously when
@@ -169,6 +176,27 @@ class CallTarget(HostTarget):
   """A host function whose failures fail the computation that called it."""
 
   on_error = "fail"
+
+
+class Steps:
+  """A vectorised target's ``deliver_steps`` for ``n`` buffered steps (of a
+  ``hostcall.scan`` chunk, or of ``hostcall.jit`` calls delivered
+  together), seen by ``calls.deliver`` as one target with the target's own
+  failure policy."""
+
+  __slots__ = ("target", "n")
+
+  def __init__(self, of: HostTarget, n: int):
+    self.target, self.n = of, n
+
+  def deliver(self, flat_args, context):
+    return self.target.deliver_steps(flat_args, self.n, context)
+
+  def __getattr__(self, name):
+    return getattr(self.target, name)
+
+  def __repr__(self):
+    return repr(self.target)
 
 
 #: vmap methods under which the host function gets the whole batch at once.

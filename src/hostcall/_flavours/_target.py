@@ -125,6 +125,8 @@ class CallbackTarget(CallTarget):
     def call_once(flat):
       args, kwargs = jax.tree_util.tree_unflatten(self.in_tree, flat)
       result = self.callback(*args, **kwargs)
+      if result is None and not avals:
+        return []  # the common case of a callback for its effect
       return results.check_results(
           result, self.result_tree, avals,
           f"{self.flavour}: the callback {self.name!r}")

@@ -27,6 +27,7 @@ from jax.experimental import io_callback
 
 import hostcall
 from hostcall import host_callback as hcb
+from hostcall.cli import bench_jit
 
 X = jnp.eye(64, dtype=jnp.float32) * 0.5
 EVERY = 256  # hostcall.scan's chunk in the loop-buffered rows
@@ -465,7 +466,7 @@ def backward_pass(b: Bench) -> list[dict]:
 ROWS = (plain_scan, jax_references, default_tap, ordered_vs_unordered,
         loop_buffered, async_device_side, async_dispatch, async_slow_host,
         one_tap_per_call, big_async_tap, busy_main_thread, progress_bar,
-        metrics_rows, peers, steered_loops, backward_pass)
+        metrics_rows, peers, steered_loops, backward_pass, bench_jit.jit_rows)
 
 
 def measure(steps: int, repeats: int) -> list[dict]:

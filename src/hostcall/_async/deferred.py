@@ -1,0 +1,194 @@
+"""Delivering deferred host calls once their program's outputs are ready.
+
+``hostcall.jit`` runs a program whose host calls became outputs (see
+``hostcall._core.deferring``) and hands those outputs here with the
+program's ``Plan``. One thread, ``hostcall-deferred``, takes every program
+handed in since it last looked, fetches their values to the host together
+(one trip for many calls: the thread's Python must not compete with the
+caller's dispatch for the interpreter lock once per call) and replays their
+host calls in the order the programs were called, each in program order.
+A host function's failure is postponed to the next barrier, as an
+asynchronous tap's is (``calls.run(..., asynchronous=True)``).
+
+Values waiting here are bounded in bytes (the asynchronous queue's
+capacity): a caller that runs ahead of the host functions waits for room,
+as a producer of the queue does; the thread itself, or a host function on
+it that calls a program, never waits.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import functools
+import logging
+import os
+import threading
+
+import jax
+import numpy as np
+
+from hostcall import _jax_private
+from hostcall._core import calls, errors
+
+logger = logging.getLogger("hostcall")
+
+
+class Deferred:
+  """The thread, and the programs' outputs waiting for it."""
+
+  def __init__(self):
+    self._cond = threading.Condition()
+    self._pending: collections.deque = collections.deque()
+    self._bytes = 0
+    self._submitted = 0
+    self._delivered = 0
+    self._thread: threading.Thread | None = None
+    self._hurry = 0  # callers waiting: deliver without gathering
+    self.capacity = 64 << 20
+    #: Seconds the thread gathers programs before fetching their values.
+    self.gather = 0.002
+
+  def after_fork_in_child(self) -> None:
+    """A forked child has not the parent's thread: it forgets what the
+    parent was to deliver."""
+    self._cond = threading.Condition()
+    self._pending = collections.deque()
+    self._bytes = self._submitted = self._delivered = self._hurry = 0
+    self._thread = None
+
+  @property
+  def is_deliverer(self) -> bool:
+    return threading.current_thread() is self._thread
+
+  def submit(self, plan, packs: list) -> None:
+    """Hands in one program's packed outputs (device arrays, maybe not yet
+    computed) to be replayed by ``plan``."""
+    size = 0
+    for p in packs:
+      size += p.nbytes
+    with self._cond:
+      if self._thread is None:
+        self._start()
+      if self._bytes and self._bytes + size > self.capacity:
+        if not self.is_deliverer:
+          self._hurry += 1
+          self._cond.notify_all()
+          self._cond.wait_for(lambda: not self._bytes
+                              or self._bytes + size <= self.capacity)
+          self._hurry -= 1
+      if not self._pending:  # the thread sleeps until something comes
+        self._cond.notify_all()
+      self._pending.append((plan, packs, size))
+      self._bytes += size
+      self._submitted += 1
+
+  def _start(self) -> None:
+    self._thread = threading.Thread(target=self._run, daemon=True,
+                                    name="hostcall-deferred")
+    self._thread.start()
+    atexit.register(self.drain)
+
+  def _run(self) -> None:
+    while True:
+      with self._cond:
+        self._cond.wait_for(lambda: self._pending)
+        # Gather what comes in the next window (unless someone waits):
+        # one trip for many calls, and the caller's dispatch keeps the
+        # interpreter lock meanwhile.
+        self._cond.wait_for(lambda: self._hurry, self.gather)
+        batch = list(self._pending)
+        self._pending.clear()
+      try:
+        fetched = _fetch([packs for _, packs, _ in batch])
+      except BaseException as exc:  # noqa: BLE001 - the thread never dies
+        fetched = [exc] * len(batch)
+      for group in _groups(batch, fetched):
+        try:
+          plan, packs, _, values = group[0]
+          if values is None:
+            continue  # a failed program (see _groups)
+          plan.replay([values[0] for *_, values in group],
+                      _jax_private.device_assignment(packs[0].sharding),
+                      _run_one)
+        except BaseException as exc:  # noqa: BLE001 - the thread never dies
+          errors.postpone(exc, "delivering the host calls of a hostcall.jit "
+                          "program")
+        finally:
+          with self._cond:
+            self._bytes -= sum(size for _, _, size, _ in group)
+            self._delivered += len(group)
+            self._cond.notify_all()
+      batch = fetched = packs = None
+
+  def pending(self) -> int:
+    with self._cond:
+      return self._submitted - self._delivered
+
+  def submitted(self) -> int:
+    return self._submitted
+
+  def drain(self, count: int | None = None) -> None:
+    """Waits until every program handed in so far (or the first ``count``)
+    has had its host calls delivered; returns at once on the thread."""
+    if self._thread is None or self.is_deliverer:
+      return
+    with self._cond:
+      count = self._submitted if count is None else count
+      self._hurry += 1  # no gathering while someone waits
+      self._cond.notify_all()
+      try:
+        self._cond.wait_for(lambda: self._delivered >= count)
+      finally:
+        self._hurry -= 1
+
+
+def _groups(batch: list, fetched: list) -> list:
+  """The batch's programs, ``(plan, packs, size, values)``, in runs of
+  consecutive calls of the same program (replayed together). A failed
+  program is left out (its caller meets the error in its results; its host
+  calls never ran, as under jax.jit), counted as delivered."""
+  groups: list = []
+  for (plan, packs, size), values in zip(batch, fetched):
+    if isinstance(values, BaseException):
+      logger.debug("hostcall.jit: a program failed (%s); its host calls "
+                   "are not delivered", errors.safe_str(values))
+      groups.append([(plan, packs, size, None)])
+      continue
+    if groups and groups[-1][0][0] is plan and groups[-1][0][3] is not None:
+      groups[-1].append((plan, packs, size, values))
+    else:
+      groups.append([(plan, packs, size, values)])
+  return groups
+
+
+def _fetch(batches: list) -> list:
+  """Every program's packs as NumPy arrays (a failed program's: its error,
+  for its calls only). Off the CPU, every copy starts before the first is
+  awaited."""
+  if _accelerated():
+    for packs in batches:
+      for p in packs:
+        p.copy_to_host_async()
+  out = []
+  for packs in batches:
+    try:
+      out.append([np.asarray(p) for p in packs])
+    except BaseException as exc:  # noqa: BLE001 - its program failed
+      out.append(exc)
+  return out
+
+
+@functools.cache
+def _accelerated() -> bool:
+  """Whether the default devices are not the host's (on a CPU a fetch is a
+  view: nothing to start ahead)."""
+  return jax.default_backend() != "cpu"
+
+
+def _run_one(target, operands, context) -> None:
+  calls.run(target, operands, context, asynchronous=True)
+
+
+deferred = Deferred()
+os.register_at_fork(after_in_child=deferred.after_fork_in_child)

@@ -1,0 +1,341 @@
+"""Deferring a program's host calls to its outputs (``hostcall.jit``).
+
+A traced program whose host calls are all *deferrable* (taps and
+result-less calls whose target allows it, ``HostTarget.deferrable``) is
+evaluated again without them: each call's operands become extra outputs of
+the program, which then carries no JAX effect, and a ``Plan`` says how the
+host replays the calls, in program order, once those outputs are ready
+(``hostcall._async.deferred``).
+
+Where the calls may sit:
+
+* at the top level of the program, or of a ``jax.jit`` inside it (inlined);
+* in the body of a ``lax.scan`` (recursively), whose values are stacked as
+  extra ``ys``: one ``Loop`` node of the plan, replayed step by step (last
+  step first for a reverse scan).
+
+A host call anywhere else (a ``while_loop``, a ``cond``, a ``shard_map``, a
+``custom_jvp`` function), a call with results or one whose target must be
+called live (a progress bar's event), and any other effect, leave the
+program as it is (``analyse`` says None): its host calls then run where
+``jax.jit`` runs them, in their order. Host calls without an effect
+(``pure_callback``) stay where they are and do not stop the others from
+being deferred: JAX promises no order for them.
+
+The deferred values are packed into one flat output of bytes, so that the
+host fetches one buffer per call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.extend import core as jex_core
+
+from hostcall import _jax_private
+from hostcall._core.context import make_context
+from hostcall._core.primitive import hostcall_p
+from hostcall._core.targets import HostTarget, Steps
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+  """One deferred host call: its target, transformations and operands'
+  shapes and dtypes (without the stacking of enclosing loops)."""
+
+  target: HostTarget
+  transforms: tuple
+  shapes: tuple
+  dtypes: tuple
+  device_index: int = 0
+
+  @property
+  def size(self) -> int:
+    return len(self.shapes)
+
+
+@dataclasses.dataclass(frozen=True)
+class Loop:
+  """The deferred calls of a ``lax.scan`` body, stacked ``length`` deep."""
+
+  length: int
+  reverse: bool
+  body: tuple
+
+  @property
+  def size(self) -> int:
+    return sum(node.size for node in self.body)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Plan:
+  """How the host replays a program's deferred calls from its packed
+  output: ``nodes`` in program order; ``slots`` say where each flat value
+  sits (``(start, stop, carrier, shape, dtype)``: bytes of the output, read
+  as ``carrier`` and converted to ``dtype``). Compared by identity: one per
+  traced program."""
+
+  nodes: tuple
+  slots: tuple
+  _contexts: dict = dataclasses.field(default_factory=dict, repr=False)
+
+  def replay(self, packed: Sequence[np.ndarray], devices, run) -> None:
+    """Calls ``run(target, operands, context)`` for each deferred call of
+    the calls of the program whose packed outputs are ``packed`` (one
+    array of bytes per call), in the order the calls were made, each in
+    program order. A vectorised target at the program's top level
+    (``deliver_steps``: a metrics row) receives every call's values at
+    once, after the others' calls, as ``hostcall.scan`` delivers a chunk.
+    ``devices``: the program's devices, a call's ``device_index`` picks
+    its caller."""
+    contexts = self._contexts.get(devices)
+    if contexts is None:
+      contexts = self._contexts[devices] = {}
+    rows = np.stack(packed) if len(packed) > 1 else packed[0][None]
+    # Each value of every call at once: (calls, *shape).
+    columns = [_uncarried(rows[:, start:stop], carrier, shape, dtype)
+               for start, stop, carrier, shape, dtype in self.slots]
+    vectorised = len(packed) > 1 and any(
+        type(n) is Call and n.target.deliver_steps is not None
+        for n in self.nodes)
+    if not vectorised or not all(
+        type(n) is Call and n.target.deliver_steps is not None
+        for n in self.nodes):
+      for i in range(len(packed)):
+        # (i, ...): a 0-d value stays an array, as the runtime hands it.
+        _replay(self.nodes, [c[i, ...] for c in columns], devices, run,
+                contexts, skip_vectorised=vectorised)
+    if not vectorised:
+      return
+    at = 0
+    for node in self.nodes:
+      if type(node) is Call and node.target.deliver_steps is not None:
+        context = _context_of(node, devices, contexts)
+        rank = len(context.batch_levels)
+        stacked = [np.moveaxis(c, 0, rank) if rank else c
+                   for c in columns[at:at + node.size]]
+        run(Steps(node.target, len(packed)), stacked, context)
+      at += node.size
+
+
+def _uncarried(raw: np.ndarray, carrier, shape, dtype) -> np.ndarray:
+  value = np.ascontiguousarray(raw).view(carrier).reshape(
+      (raw.shape[0], *shape))
+  if carrier == dtype:
+    return value
+  if jnp.issubdtype(dtype, jnp.complexfloating):
+    return value.view(dtype).reshape(value.shape[:-1])
+  return value.astype(dtype)
+
+
+def _context_of(node: Call, devices, contexts: dict):
+  context = contexts.get(id(node))
+  if context is None:
+    device = devices[node.device_index if len(devices) > 1 else 0]
+    context = contexts[id(node)] = make_context(node.transforms, device)
+  return context
+
+
+def _replay(nodes, values, devices, run, contexts,
+            skip_vectorised=False) -> None:
+  at = 0
+  for node in nodes:
+    mine = values[at:at + node.size]
+    at += node.size
+    if type(node) is Call:
+      if not (skip_vectorised and node.target.deliver_steps is not None):
+        run(node.target, mine, _context_of(node, devices, contexts))
+    else:
+      steps = range(node.length)
+      for step in (reversed(steps) if node.reverse else steps):
+        _replay(node.body, [v[step, ...] for v in mine], devices, run,
+                contexts, skip_vectorised)
+
+
+# --- which programs can be deferred -----------------------------------------
+
+def _deferrable_call(eqn) -> bool:
+  params = eqn.params
+  target = params["target"]
+  return ((params["kind"] == "tap" or not params["result_avals"])
+          and getattr(target, "deferrable", False)
+          and not params["partitioned"]
+          and all(_packable(v.aval) for v in eqn.invars))
+
+
+def _packable(aval) -> bool:
+  dtype = getattr(aval, "dtype", None)
+  # Numbers of every width (bfloat16, float8, int4 too) and booleans; not
+  # PRNG keys or float0, which no output carries as they are.
+  return dtype is not None and (jnp.issubdtype(dtype, jnp.number)
+                                or jnp.issubdtype(dtype, jnp.bool_))
+
+
+def _is_jit(eqn) -> bool:
+  return eqn.primitive.name in ("pjit", "jit") and "jaxpr" in eqn.params
+
+
+def analyse(jaxpr) -> bool | None:
+  """Whether ``jaxpr`` (a closed or open jaxpr) can be deferred: True if
+  it has deferrable host calls and nothing that must stay live (see the
+  module's docstring), False if it has nothing to defer, None if it has
+  host calls or effects that must run where they are."""
+  found = False
+  for eqn in _jaxpr_of(jaxpr).eqns:
+    if eqn.primitive is hostcall_p:
+      if _deferrable_call(eqn):
+        found = True
+        continue
+      if eqn.effects:
+        return None
+      continue  # a call without an effect: no order to keep
+    inner = None
+    if _is_jit(eqn):
+      inner = eqn.params["jaxpr"]
+    elif eqn.primitive.name == "scan" and _scan_layout(eqn) is not None:
+      inner = eqn.params["jaxpr"]
+    if inner is not None:
+      verdict = analyse(inner)
+      if verdict is None:
+        return None
+      found = found or verdict
+    elif eqn.effects:
+      return None
+  return found
+
+
+def _jaxpr_of(jaxpr):
+  return getattr(jaxpr, "jaxpr", jaxpr)
+
+
+def _scan_layout(eqn):
+  layout = _jax_private.scan_layout(eqn.params)
+  if layout is None:
+    return None
+  num_consts, num_carry = layout
+  length = eqn.params["length"]
+  ys = eqn.outvars[num_carry:]
+  if not all(getattr(v.aval, "shape", (None,))[:1] == (length,) for v in ys):
+    return None  # a layout this release lays out otherwise
+  return num_consts, num_carry
+
+
+# --- evaluating a program with its calls deferred ---------------------------
+
+class _Recorder:
+  """What one trace level (the program, or one loop body) defers."""
+
+  def __init__(self):
+    self.nodes: list = []
+    self.values: list = []
+
+
+def evaluate(closed_jaxpr, args: Sequence) -> tuple[list, list, tuple]:
+  """Evaluates ``closed_jaxpr`` on ``args`` (in the current trace) with its
+  deferrable calls taken out; returns ``(outputs, deferred values,
+  nodes)``."""
+  recorder = _Recorder()
+  outs = _evaluate(_jaxpr_of(closed_jaxpr), closed_jaxpr.consts, args,
+                   recorder)
+  return outs, recorder.values, tuple(recorder.nodes)
+
+
+def _evaluate(jaxpr, consts, args, recorder: _Recorder) -> list:
+  env: dict = {}
+
+  def read(atom):
+    return atom.val if isinstance(atom, jex_core.Literal) else env[atom]
+
+  def write(var, value):
+    env[var] = value
+
+  for var, value in zip(jaxpr.constvars, consts):
+    write(var, value)
+  for var, value in zip(jaxpr.invars, args):
+    write(var, value)
+  for eqn in jaxpr.eqns:
+    invals = [read(v) for v in eqn.invars]
+    if eqn.primitive is hostcall_p and _deferrable_call(eqn):
+      recorder.nodes.append(Call(
+          eqn.params["target"], eqn.params["transforms"],
+          tuple(tuple(v.aval.shape) for v in eqn.invars),
+          tuple(np.dtype(v.aval.dtype) for v in eqn.invars),
+          eqn.params["device_index"]))
+      recorder.values.extend(jnp.asarray(x, v.aval.dtype)
+                             for x, v in zip(invals, eqn.invars))
+      outs = invals if eqn.params["kind"] == "tap" else []
+    elif _is_jit(eqn) and analyse(eqn.params["jaxpr"]):
+      inner = eqn.params["jaxpr"]
+      outs = _evaluate(_jaxpr_of(inner), inner.consts, invals, recorder)
+    elif (eqn.primitive.name == "scan" and _scan_layout(eqn) is not None
+          and analyse(eqn.params["jaxpr"])):
+      outs = _scan(eqn, invals, recorder)
+    else:
+      outs = _jax_private.bind_equation(eqn, invals)
+    if not eqn.primitive.multiple_results:
+      outs = [outs]
+    for var, value in zip(eqn.outvars, outs):
+      write(var, value)
+  return [read(v) for v in jaxpr.outvars]
+
+
+def _scan(eqn, invals, recorder: _Recorder) -> list:
+  num_consts, num_carry = _scan_layout(eqn)
+  body = eqn.params["jaxpr"]
+  consts = invals[:num_consts]
+  init = invals[num_consts:num_consts + num_carry]
+  xs = invals[num_consts + num_carry:]
+  inner = _Recorder()
+
+  def step(carry, x):
+    inner.nodes.clear()
+    inner.values.clear()
+    outs = _evaluate(_jaxpr_of(body), body.consts, [*consts, *carry, *x],
+                     inner)
+    return outs[:num_carry], (outs[num_carry:], list(inner.values))
+
+  carry, (ys, stacked) = jax.lax.scan(
+      step, list(init), list(xs), length=eqn.params["length"],
+      reverse=eqn.params["reverse"], unroll=eqn.params.get("unroll", 1))
+  recorder.nodes.append(Loop(eqn.params["length"], eqn.params["reverse"],
+                             tuple(inner.nodes)))
+  recorder.values.extend(stacked)
+  return [*carry, *ys]
+
+
+def pack(values: Sequence, nodes: tuple) -> tuple[list, Plan]:
+  """Packs the deferred ``values`` into one flat array of bytes (the host
+  fetches one buffer per call); returns ``([pack], plan)``."""
+  pieces, slots, used = [], [], 0
+  for value in values:
+    dtype = np.dtype(value.dtype)
+    carrier, value = _carried(value, dtype)
+    raw = jnp.ravel(jax.lax.bitcast_convert_type(value, jnp.uint8))
+    size = int(raw.shape[0])
+    slots.append((used, used + size, carrier, tuple(value.shape), dtype))
+    used += size
+    pieces.append(raw)
+  packs = [jnp.concatenate(pieces) if len(pieces) > 1 else pieces[0]
+           if pieces else jnp.zeros((0,), jnp.uint8)]
+  return packs, Plan(nodes, tuple(slots))
+
+
+def _carried(value, dtype: np.dtype):
+  """``(carrier dtype, value as the carrier)``: a dtype of whole bytes
+  that ``bitcast_convert_type`` takes, and that converts back exactly."""
+  if dtype == np.bool_:
+    return np.dtype(np.uint8), value.astype(jnp.uint8)
+  if jnp.issubdtype(dtype, jnp.complexfloating):
+    parts = np.dtype(np.float64 if dtype.itemsize == 16 else np.float32)
+    return parts, jnp.stack([jnp.real(value), jnp.imag(value)], axis=-1)
+  if jax.dtypes.finfo(dtype).bits < 8 if jnp.issubdtype(
+      dtype, jnp.floating) else jax.dtypes.iinfo(dtype).bits < 8:
+    wide = np.dtype(np.float32 if jnp.issubdtype(dtype, jnp.floating)
+                    else np.int8 if jnp.issubdtype(dtype, jnp.signedinteger)
+                    else np.uint8)
+    return wide, value.astype(wide)
+  return dtype, value

@@ -1,0 +1,120 @@
+"""The rows of ``hostcall bench`` for ``hostcall.jit``: a Python loop over a
+small jitted step (a 16-float ``tanh``), as a training loop calls its
+``train_step``, against the plain jitted step in the same run. Every host
+call is delivered (and every row written) before the clock stops."""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import hostcall
+
+CALLS = 2000
+METRICS = 10
+_X = jnp.linspace(-1.0, 1.0, 16, dtype=jnp.float32)
+
+
+def _noop(*args):
+  return None
+
+
+def _loop_time(step, calls: int, finish=None) -> float:
+  """Seconds per call of a Python loop of ``calls`` calls, with every
+  output ready and every host call delivered."""
+  def once():
+    start = time.perf_counter()
+    outs = [step(_X, i) for i in range(calls)]
+    jax.block_until_ready(outs[-1])
+    if finish is not None:
+      finish(outs)
+    hostcall.barrier()
+    return (time.perf_counter() - start) / calls
+  once()
+  return once
+
+
+def _paired(fn, base, repeats: int) -> tuple[float, float]:
+  """(us per call of ``fn``, median ratio to ``base``), alternated."""
+  times, ratios = [], []
+  for _ in range(repeats):
+    t, b = fn(), base()
+    times.append(t)
+    ratios.append(t / b)
+  return statistics.median(times) * 1e6, statistics.median(ratios)
+
+
+def _row(name, us, ratio, target, note="") -> dict:
+  return {"row": name, "us_per_step": us, "ratio": ratio, "target": target,
+          "pass": None if target is None else ratio <= target, "note": note}
+
+
+def _step(x, i):
+  del i
+  return jnp.tanh(x)
+
+
+def jit_rows(b) -> list[dict]:
+  """8. hostcall.jit: a jitted step with a print or metrics (issue 23)."""
+  repeats = max(3, b.repeats)
+  base = _loop_time(jax.jit(_step), CALLS)
+  rows = [_row("8. plain jitted step (16-float tanh), Python loop",
+               statistics.median(base() for _ in range(3)) * 1e6, 1.0, None)]
+
+  def tapped(debug_callback):
+    def step(x, i):
+      debug_callback(_noop, x[0])
+      return jnp.tanh(x)
+    return step
+
+  for name, jit, callback, target in (
+      ("jax.jit + jax.debug.callback", jax.jit, jax.debug.callback, None),
+      ("jax.jit + hostcall.debug_callback", jax.jit,
+       hostcall.debug_callback, None),
+      ("hostcall.jit + hostcall.debug_callback", hostcall.jit,
+       hostcall.debug_callback, 1.5)):
+    us, ratio = _paired(_loop_time(jit(tapped(callback)), CALLS), base,
+                        repeats)
+    rows.append(_row(f"8. one callback a call, {name}", us, ratio, target,
+                     "reference" if target is None else ""))
+
+  names = [f"m{k}" for k in range(METRICS)]
+  with tempfile.TemporaryDirectory() as root:
+    run = hostcall.metrics.Run("jit", root=root)
+
+    def logged(x, i):
+      run.log(i, **{n: x[k] for k, n in enumerate(names)})
+      return jnp.tanh(x)
+
+    us, ratio = _paired(_loop_time(hostcall.jit(logged), CALLS), base,
+                        repeats)
+    rows.append(_row(f"8. {METRICS} metrics a call, Run.log under "
+                     "hostcall.jit", us, ratio, 1.6, "JSON Lines"))
+
+    # The floor: the step returns the same values stacked, and the loop
+    # hands them to the same kind of writer itself.
+    floor_writer = hostcall.metrics.JsonlWriter(f"{root}/floor.jsonl")
+
+    def returned(x, i):
+      return jnp.tanh(x), x[:METRICS]
+
+    def write_rows(outs):
+      values = np.stack(jax.device_get([o[1] for o in outs]))
+      floor_writer.write(hostcall.metrics.Block(
+          step=np.arange(len(outs)), metrics=dict(zip(names, values.T))))
+
+    floor_us, floor_ratio = _paired(
+        _loop_time(jax.jit(returned), CALLS, finish=write_rows), base,
+        repeats)
+    rows.append(_row("8. floor: the step returns the metrics, the loop "
+                     "writes them", floor_us, floor_ratio, None, "reference"))
+    rows.append(_row("8. ... Run.log under hostcall.jit / the floor", us,
+                     ratio / floor_ratio, 1.15, "ratio to the floor row"))
+    floor_writer.close()
+    run.close()
+  return rows

@@ -1,0 +1,77 @@
+"""hostcall.jit on 4 CPU devices: the same host calls (device, value) as
+jax.jit under a global view, shard_map and pmap."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+import hostcall
+from hostcall import host_callback as hcb
+from hostcall._core import deferring
+
+MESH = Mesh(np.array(jax.devices()), ("i",))
+SHARDED = NamedSharding(MESH, P("i"))
+
+
+def _x():
+  return jax.device_put(jnp.arange(8.0), SHARDED)
+
+
+def _recording(log, label):
+  def host(*args):
+    log.append((label, hostcall.call_context().device.id,
+                [np.asarray(a).tolist() for a in args]))
+  return host
+
+
+def _global_view(log, x):
+  hostcall.debug_callback(_recording(log, "whole"), x)
+  hcb.id_tap(lambda v, t: log.append(("second", hostcall.call_context(
+      ).device.id, [np.asarray(v).tolist()])), x * 2, device_index=1)
+  y = jnp.sin(x)
+  hcb.id_tap(lambda v, t: log.append(("tap", None, [np.asarray(v).tolist()])),
+             y.sum())
+  return y
+
+
+def _shard_mapped(log, x):
+  def per_device(block):
+    hostcall.debug_callback(_recording(log, "shard"), block)
+    return block * 2
+  return jax.shard_map(per_device, mesh=MESH, in_specs=P("i"),
+                       out_specs=P("i"))(x)
+
+
+def _pmapped(log, x):
+  return jax.pmap(lambda v: (hostcall.debug_callback(
+      _recording(log, "pmap"), v), v + 1)[1])(x.reshape(4, 2))
+
+
+@pytest.mark.parametrize("program", [_global_view, _shard_mapped, _pmapped],
+                         ids=lambda p: p.__name__)
+def test_same_host_calls_as_jax_jit(program):
+  logs = []
+  for jit in (jax.jit, hostcall.jit):
+    log = []
+    x = np.arange(8.0, dtype=np.float32) if program is _pmapped else _x()
+    out = jit(functools.partial(program, log))(x)
+    hostcall.barrier()
+    logs.append((sorted(log, key=repr), np.asarray(out).tolist()))
+  assert logs[0] == logs[1]
+  assert logs[0][0]
+
+
+def test_a_global_view_program_is_deferred_and_a_per_device_one_is_not():
+  x = _x()
+  assert deferring.analyse(jax.make_jaxpr(
+      functools.partial(_global_view, []))(x)) is True
+  assert deferring.analyse(jax.make_jaxpr(
+      functools.partial(_shard_mapped, []))(x)) is None
+  log = []
+  hostcall.jit(functools.partial(_global_view, log))(x)
+  hostcall.barrier()
+  assert ("whole", 0, [list(np.arange(8.0))]) in log
