@@ -1,0 +1,207 @@
+"""The writers of the tracking tools users already look at: MLflow (read
+back with ``MlflowClient`` from a real SQLite tracking store), Weights &
+Biases (offline runs, read back with ``wandb leet inspect --json``) and a
+CLU ``MetricWriter``; under ``jit``, ``vmap``, ``hostcall.scan(every=K)``
+and ``hostcall.progress.scan``, every value at its exact step, and a
+failing store reported as a full disk is, the other writers losing
+nothing."""
+
+import io
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import hostcall
+from hostcall import metrics, progress
+
+STEPS, MEMBERS, EVERY = 23, 3, 5  # the last chunk of the scan is partial
+
+
+def _log_everywhere(run):
+  """Logs through ``run`` under jit + vmap + hostcall.scan(every=K), and
+  under progress.scan; returns {(key, step): value} of what was logged,
+  keyed as the tracking writers key it."""
+  def body(w, i):
+    loss = (w - i) ** 2
+    run.log(i, loss=loss, pair=jnp.stack([w, 2 * w]))
+    return w + 1.0, loss
+
+  w0 = jnp.arange(MEMBERS, dtype=jnp.float32) * 10
+  losses = np.asarray(jax.jit(jax.vmap(lambda w: hostcall.scan(
+      body, w, jnp.arange(STEPS), every=EVERY)[1]))(w0))
+
+  def bar_body(c, i):
+    run.log(STEPS + i, acc=c)
+    return c * 2, None
+
+  jax.jit(lambda: progress.scan(bar_body, jnp.int32(1), jnp.arange(6),
+                                every=4, file=io.StringIO()))()
+  expected = {}
+  for m in range(MEMBERS):
+    for i in range(STEPS):
+      w = float(w0[m]) + i
+      expected[(f"loss/member_{m}", i)] = float(losses[m, i])
+      expected[(f"pair/member_{m}/0", i)] = w
+      expected[(f"pair/member_{m}/1", i)] = 2 * w
+  for i in range(6):
+    expected[("acc", STEPS + i)] = float(2 ** i)
+  return expected
+
+
+# --- MLflow -------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def mlflow_store(tmp_path_factory):
+  """A real SQLite tracking store (its tables made once, for the module)."""
+  pytest.importorskip("mlflow", reason="the MLflow writer needs mlflow: pip "
+                      "install 'hostcall[mlflow]'")
+  from mlflow import MlflowClient
+  uri = f"sqlite:///{tmp_path_factory.mktemp('mlflow')}/mlflow.db"
+  MlflowClient(tracking_uri=uri).search_experiments()  # makes the tables
+  return uri
+
+
+@pytest.fixture
+def mlflow_client(mlflow_store, monkeypatch, tmp_path):
+  from mlflow import MlflowClient
+  monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_store)
+  monkeypatch.chdir(tmp_path)  # where MLflow would put artifacts
+  return MlflowClient(tracking_uri=mlflow_store)
+
+
+def _mlflow_values(client, run_id):
+  """{(key, step): value} of an MLflow run, refusing a value logged twice."""
+  got = {}
+  for key in client.get_run(run_id).data.metrics:
+    for metric in client.get_metric_history(run_id, key):
+      assert (key, metric.step) not in got, (key, metric.step)
+      got[(key, metric.step)] = metric.value
+  return got
+
+
+def test_mlflow_gets_every_value_at_its_step_in_batches(mlflow_client,
+                                                        tmp_path):
+  run = metrics.Run("fit", root=tmp_path, writers=["mlflow", "jsonl"],
+                    params={"lr": 0.1, "optimizer": "adam"})
+  writer = run.writers[0]
+  assert isinstance(writer, metrics.MlflowWriter)
+  batches = []
+  log_batch = writer.client.log_batch
+
+  def counted(run_id, metrics=(), **kwargs):
+    batches.append(len(metrics))
+    return log_batch(run_id, metrics=metrics, **kwargs)
+
+  writer.client.log_batch = counted
+  expected = _log_everywhere(run)
+  run.close()
+  mlflow_run = mlflow_client.get_run(writer.run_id)
+  assert mlflow_run.info.run_name == "fit"
+  assert mlflow_run.info.status == "FINISHED"
+  assert mlflow_run.data.params == {"lr": "0.1", "optimizer": "adam"}
+  assert _mlflow_values(mlflow_client, writer.run_id) == expected
+  # One log_batch per block the writer thread handed over, never one per
+  # row: the scan brings EVERY steps (of every member) a host call.
+  rows = STEPS * MEMBERS + 6
+  assert sum(batches) == len(expected)
+  assert 1 <= len(batches) <= -(-STEPS // EVERY) + 2 < rows
+  assert max(batches) <= metrics.MlflowWriter.BATCH
+  # The run's other writer got the same rows.
+  assert len(metrics.read(run.dir)) == rows
+
+
+def test_mlflow_splits_a_large_block_at_its_batch_bound(mlflow_client,
+                                                        tmp_path):
+  writer = metrics.MlflowWriter("large", experiment="large")
+  batches = []
+  log_batch = writer.client.log_batch
+  writer.client.log_batch = lambda run_id, metrics=(), **kw: (
+      batches.append(len(metrics)), log_batch(run_id, metrics=metrics,
+                                              **kw))[1]
+  writer.write(metrics.Block(step=np.arange(2500),
+                             metrics={"x": np.arange(2500.0)}))
+  writer.close()
+  assert batches == [1000, 1000, 500]
+  history = mlflow_client.get_metric_history(writer.run_id, "x")
+  assert sorted((m.step, m.value) for m in history) == [
+      (i, float(i)) for i in range(2500)]
+  experiment = mlflow_client.get_experiment_by_name("large")
+  assert mlflow_client.get_run(writer.run_id).info.experiment_id == (
+      experiment.experiment_id)
+
+
+def _failing_store_test(tmp_path, monkeypatch, uri, match):
+  monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+  run = metrics.Run("failing", root=tmp_path, writers=["mlflow", "jsonl"])
+  assert run.writers[0].run_id is None  # the store refused the run
+  jax.jit(lambda: [run.log(i, x=i) for i in range(3)])()
+  with pytest.raises(hostcall.CallbackException, match=match):
+    hostcall.barrier()
+  jax.jit(lambda: run.log(3, x=3))()  # the run logs on
+  run.close()
+  with pytest.raises(hostcall.CallbackException, match=match):
+    hostcall.barrier()
+  assert metrics.read(run.dir)["x"].tolist() == [0, 1, 2, 3]
+
+
+def _make_read_only(path):
+  """``path`` read-only: by its mode, or (for root, whom modes do not stop)
+  by the immutable attribute; a skip where neither holds."""
+  path.chmod(0o444)
+  if not os.access(path, os.W_OK):
+    return lambda: path.chmod(0o644)
+  done = subprocess.run(["chattr", "+i", str(path)], capture_output=True)
+  if done.returncode != 0:
+    pytest.skip("cannot make a file read-only here (root, without chattr "
+                f"+i: {done.stderr.decode().strip()})")
+  return lambda: subprocess.run(["chattr", "-i", str(path)], check=True)
+
+
+def test_a_read_only_mlflow_store_is_reported_and_the_others_lose_nothing(
+    mlflow_client, tmp_path, monkeypatch):
+  from mlflow import MlflowClient
+  path = tmp_path / "read-only.db"
+  MlflowClient(tracking_uri=f"sqlite:///{path}").search_experiments()
+  before = path.read_bytes()
+  undo = _make_read_only(path)
+  try:
+    _failing_store_test(tmp_path, monkeypatch, f"sqlite:///{path}",
+                        "could not start a run .*OperationalError")
+  finally:
+    undo()
+  assert path.read_bytes() == before
+
+
+def test_a_bad_mlflow_uri_is_reported_and_the_others_lose_nothing(
+    mlflow_client, tmp_path, monkeypatch):
+  _failing_store_test(tmp_path, monkeypatch, "nosuchscheme://tracking",
+                      "'nosuchscheme://tracking' could not start a run")
+
+
+def test_a_store_failing_mid_run_is_reported_and_the_others_lose_nothing(
+    mlflow_client, tmp_path):
+  import sqlite3
+  path = tmp_path / "failing.db"
+  run = metrics.Run("mid", root=tmp_path, writers=["jsonl", metrics.MlflowWriter(
+      "mid", tracking_uri=f"sqlite:///{path}")])
+  writer = run.writers[1]
+  jax.jit(lambda: run.log(0, x=0))()
+  hostcall.barrier()
+  with sqlite3.connect(path) as db:  # the store breaks under the run
+    db.execute("DROP TABLE metrics")
+  jax.jit(lambda: run.log(1, x=1))()
+  with pytest.raises(hostcall.CallbackException,
+                     match="refused the metrics of steps 1 to 1"):
+    hostcall.barrier()
+  run.close()
+  assert metrics.read(run.dir)["x"].tolist() == [0, 1]
+  from mlflow import MlflowClient
+  assert MlflowClient(tracking_uri=f"sqlite:///{path}").get_run(
+      writer.run_id).info.status == "FAILED"
