@@ -205,3 +205,142 @@ def test_a_store_failing_mid_run_is_reported_and_the_others_lose_nothing(
   from mlflow import MlflowClient
   assert MlflowClient(tracking_uri=f"sqlite:///{path}").get_run(
       writer.run_id).info.status == "FAILED"
+
+
+# --- Weights & Biases -----------------------------------------------------------
+
+@pytest.fixture
+def wandb_offline(tmp_path, monkeypatch):
+  """W&B offline, its files under tmp_path; returns where they go."""
+  pytest.importorskip("wandb", reason="the W&B writer needs wandb: pip "
+                      "install 'hostcall[wandb]'")
+  monkeypatch.setenv("WANDB_MODE", "offline")
+  monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+  monkeypatch.setenv("WANDB_SILENT", "true")
+  monkeypatch.setenv("WANDB_CONSOLE", "off")
+  return tmp_path / "wandb"
+
+
+def _wandb_records(run_dir):
+  """The records of an offline W&B run, as wandb's own reader prints them
+  (``wandb leet inspect --json``)."""
+  (log,) = pathlib.Path(run_dir).glob("run-*.wandb")
+  done = subprocess.run(
+      [sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(log)],
+      capture_output=True, text=True, timeout=120, check=True)
+  return [json.loads(line) for line in done.stdout.splitlines()
+          if line.startswith("{")]
+
+
+def _wandb_values(records):
+  """{(key, step): value} of the history records, refusing a value logged
+  twice."""
+  got = {}
+  for record in records:
+    if record["type"] != "history":
+      continue
+    step = record["history"]["step"]["num"]
+    for key, value in record["history"]["item"].items():
+      if key.startswith("_"):
+        continue  # W&B's own: _step, _runtime, _timestamp
+      assert (key, step) not in got, (key, step)
+      got[(key, step)] = value
+  return got
+
+
+def test_wandb_offline_gets_every_value_at_its_step(wandb_offline, tmp_path):
+  run = metrics.Run("fit", root=tmp_path, writers=["wandb", "jsonl"],
+                    params={"lr": 0.1, "optimizer": "adam"})
+  writer = run.writers[0]
+  assert isinstance(writer, metrics.WandbWriter)
+  expected = _log_everywhere(run)
+  run.close()
+  records = _wandb_records(pathlib.Path(writer.run.dir).parent)
+  (started,) = [r["run"] for r in records if r["type"] == "run"]
+  assert started["display_name"] == "fit"
+  config = started["config"]["update"]
+  assert (config["lr"], config["optimizer"]) == (0.1, "adam")
+  assert _wandb_values(records) == expected
+  assert len(metrics.read(run.dir)) == STEPS * MEMBERS + 6
+
+
+def test_two_wandb_runs_are_two_offline_runs(wandb_offline, tmp_path):
+  first = metrics.Run("a", root=tmp_path, writers=["wandb"])
+  second = metrics.Run("b", root=tmp_path, writers=["wandb"])
+  jax.jit(lambda: (first.log(0, x=1.0), second.log(0, x=2.0)))()
+  first.close()
+  second.close()
+  for run, value in ((first, 1.0), (second, 2.0)):
+    records = _wandb_records(pathlib.Path(run.writers[0].run.dir).parent)
+    assert _wandb_values(records) == {("x", 0): value}
+
+
+# --- CLU ------------------------------------------------------------------------
+
+class CluLikeWriter:
+  """CLU's ``clu.metric_writers.MetricWriter`` interface, every method of
+  it (CLU itself needs TensorFlow to import), keeping what it is given."""
+
+  def __init__(self):
+    self.scalars, self.calls = [], {"flush": 0, "close": 0}
+
+  def write_summaries(self, step, values, metadata=None):
+    raise AssertionError("hostcall writes scalars only")
+
+  def write_scalars(self, step, scalars):
+    assert isinstance(step, int)
+    self.scalars.append((step, dict(scalars)))
+
+  def write_images(self, step, images):
+    raise AssertionError("hostcall writes scalars only")
+
+  def write_videos(self, step, videos):
+    raise AssertionError("hostcall writes scalars only")
+
+  def write_audios(self, step, audios, *, sample_rate):
+    raise AssertionError("hostcall writes scalars only")
+
+  def write_texts(self, step, texts):
+    raise AssertionError("hostcall writes scalars only")
+
+  def write_histograms(self, step, arrays, num_buckets=None):
+    raise AssertionError("hostcall writes scalars only")
+
+  def write_pointcloud(self, step, point_clouds, *, point_colors=None,
+                       configs=None):
+    raise AssertionError("hostcall writes scalars only")
+
+  def write_hparams(self, hparams):
+    raise AssertionError("hostcall writes scalars only")
+
+  def flush(self):
+    self.calls["flush"] += 1
+
+  def close(self):
+    self.calls["close"] += 1
+
+
+def test_a_clu_metric_writer_gets_every_value_at_its_step(tmp_path):
+  clu_writer = CluLikeWriter()
+  run = metrics.Run("clu", root=tmp_path, writers=[clu_writer, "jsonl"])
+  assert isinstance(run.writers[0], metrics.CluWriter)
+  assert run.writers[0].writer is clu_writer
+  expected = _log_everywhere(run)
+  hostcall.barrier()
+  assert clu_writer.calls == {"flush": 1, "close": 0}
+  run.close()  # flushes (at least once more), then closes once
+  assert clu_writer.calls["flush"] >= 2 and clu_writer.calls["close"] == 1
+  got = {}
+  for step, scalars in clu_writer.scalars:
+    for key, value in scalars.items():
+      assert (key, step) not in got
+      got[(key, step)] = value
+  assert got == expected
+  # One write_scalars per step, with every member's values of that step.
+  assert [s for s, _ in clu_writer.scalars] == list(range(STEPS + 6))
+
+
+def test_clu_writer_refuses_what_is_not_a_metric_writer():
+  with pytest.raises(TypeError, match="CluWriter takes an object with CLU's "
+                     "MetricWriter interface .* got 3 of type int"):
+    metrics.CluWriter(3)
