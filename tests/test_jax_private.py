@@ -383,3 +383,13 @@ def test_loop_of_frame_finds_the_loop_tracing_a_body():
   assert seen == [("scan", 6), ("scan", 4), ("scan", 9), ("while", None),
                   ("while", None)]
   assert innermost() is None
+
+
+def test_distributed_client_is_none_until_jax_distributed_is_initialized():
+  # This process never initializes jax.distributed; the two processes of
+  # tests/test_multiprocess.py send metrics rows through the client.
+  assert _jax_private.distributed_client() is None
+  from jax._src import distributed
+  state = distributed.global_state
+  assert (state.client, state.process_id, state.num_processes) == (None, 0, 1)
+  assert callable(distributed.State.initialize)
