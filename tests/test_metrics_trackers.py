@@ -344,3 +344,61 @@ def test_clu_writer_refuses_what_is_not_a_metric_writer():
   with pytest.raises(TypeError, match="CluWriter takes an object with CLU's "
                      "MetricWriter interface .* got 3 of type int"):
     metrics.CluWriter(3)
+
+
+# --- Run options -----------------------------------------------------------------
+
+def test_run_options_are_checked(tmp_path):
+  with pytest.raises(ValueError, match=r"Run\(processes=...\) is one of "
+                     r"\['each', 'gather', 'zero'\] .*got 'all'"):
+    metrics.Run("bad", root=tmp_path, processes="all")
+  with pytest.raises(TypeError, match=r"Run\(params=...\) is a dict of "
+                     r"hyper-parameters, e.g. params=\{'lr': 0.1\}; got "
+                     r"\[0.1\] of type list"):
+    metrics.Run("bad", root=tmp_path, params=[0.1])
+  with pytest.raises(ValueError, match=r"the metric name\(s\) \['process'\] "
+                     "are columns hostcall fills itself"):
+    metrics.Run("bad", root=tmp_path).log(0, process=1)
+
+
+def test_one_process_s_rows_have_no_process_column(tmp_path):
+  run = metrics.Run("single", root=tmp_path, processes="gather")
+  jax.jit(lambda: run.log(0, x=1.0))()
+  run.close()  # a job of one process: the run is written as always
+  assert metrics.read(tmp_path / "single").to_dict("records") == [
+      {"step": 0, "x": 1.0}]
+
+
+def test_read_merges_the_directories_of_several_processes(tmp_path):
+  # As Run(processes="each") leaves a run of two processes (each row with
+  # its process), and as an older run without the column.
+  for process, rows in ((1, [(0, 5.0), (1, 6.0)]), (0, [(0, 1.0)])):
+    part = tmp_path / "fit" / f"process_{process}"
+    part.mkdir(parents=True)
+    (part / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": s, "process": process, "loss": v}) + "\n"
+        for s, v in rows))
+  (tmp_path / "fit" / "process_x").mkdir()  # not a process's directory
+  frame = metrics.read(tmp_path / "fit")
+  assert frame.to_dict("records") == [
+      {"step": 0, "process": 0, "loss": 1.0},
+      {"step": 0, "process": 1, "loss": 5.0},
+      {"step": 1, "process": 1, "loss": 6.0}]
+  old = tmp_path / "old" / "process_3"
+  old.mkdir(parents=True)
+  (old / "metrics.csv").write_text("step,loss\n0,2.5\n")
+  assert metrics.read(tmp_path / "old").to_dict("records") == [
+      {"process": 3, "step": 0, "loss": 2.5}]
+
+
+def test_blocks_sent_between_processes_keep_their_values():
+  from hostcall._apps.metrics import processes
+  block = metrics.Block(
+      step=np.array([3, 3]), member=np.array([0, 1]),
+      device=np.array([2048, 2049]), process=np.array([1, 1]),
+      metrics={"a/b c": np.array([True, False]),
+               "bf16": jnp.asarray([1.5, -2.0], jnp.bfloat16),
+               "w": np.arange(6.0).reshape(2, 3)})
+  back = processes.decode(processes.encode(block))
+  assert back.records() == block.records()
+  assert list(back.metrics) == ["a/b c", "bf16", "w"]
