@@ -74,7 +74,8 @@ class Run:
       the MLflow run's parameters, the W&B run's config.
     processes: in a job of several processes (``jax.distributed``), who
       writes: ``"each"`` (the default: every process writes its own rows,
-      to ``<root>/<name>/process_<k>/`` and its own MLflow / W&B run),
+      to ``<root>/<name>/process_<k>/`` and its own MLflow / W&B run,
+      named ``<name>/process_<k>``),
       ``"gather"`` (only process 0's writers write, every process's rows,
       the others' sent to it through JAX's coordination service; process
       0's ``close()`` waits for the others to close theirs) or ``"zero"``

@@ -114,13 +114,19 @@ class RunSink:
     """The writers of this process: the run's own, or (a process other
     than 0 where only process 0 writes) one that sends rows to process 0,
     or none."""
-    if job.process is None or processes == "each" or job.process == 0:
-      writers = [registry.make(w, self.dir, self.name, params) for w in specs]
-      if job.process == 0 and processes == "gather":
-        self._gather = _processes.Gather(
-            job.client, _processes.channel(self.name), job.count, self.put)
-      return writers
+    if job.process is None:
+      return [registry.make(w, self.dir, self.name, params) for w in specs]
+    # Every process numbers its runs of a name alike, whatever it writes.
     prefix = _processes.channel(self.name)
+    if processes == "each":  # one MLflow / W&B run a process
+      return [registry.make(w, self.dir, f"{self.name}/process_{job.process}",
+                            params) for w in specs]
+    if job.process == 0:
+      writers = [registry.make(w, self.dir, self.name, params) for w in specs]
+      if processes == "gather":
+        self._gather = _processes.Gather(job.client, prefix, job.count,
+                                         self.put)
+      return writers
     if processes == "gather":
       return [_processes.ForwardWriter(job.client, f"{prefix}/{job.process}")]
     return []  # "zero": this process's rows are dropped
