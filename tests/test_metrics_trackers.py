@@ -11,6 +11,7 @@ import json
 import os
 import pathlib
 import subprocess
+import threading
 import sys
 
 import jax
@@ -402,3 +403,64 @@ def test_blocks_sent_between_processes_keep_their_values():
   back = processes.decode(processes.encode(block))
   assert back.records() == block.records()
   assert list(back.metrics) == ["a/b c", "bf16", "w"]
+
+
+class FakeCoordinationClient:
+  """The part of jax.distributed's client a gathered run uses: a key-value
+  store whose blocking get waits (on a condition, never a sleep) and times
+  out as the coordination service does."""
+
+  def __init__(self):
+    self.values, self.deleted = {}, []
+    self.changed = threading.Condition()
+
+  def key_value_set_bytes(self, key, value):
+    with self.changed:
+      assert key not in self.values, f"{key} set twice"
+      self.values[key] = value
+      self.changed.notify_all()
+
+  def blocking_key_value_get_bytes(self, key, timeout_in_ms):
+    with self.changed:
+      if not self.changed.wait_for(lambda: key in self.values,
+                                   timeout_in_ms / 1000):
+        raise RuntimeError(f"DEADLINE_EXCEEDED: GetKeyValue() timed out "
+                           f"with key: {key}")
+      return self.values[key]
+
+  def key_value_delete(self, key):
+    with self.changed:
+      del self.values[key]
+      self.deleted.append(key)
+
+
+def test_process_0_writes_what_the_others_send_and_says_who_never_closed(
+    tmp_path, monkeypatch, caplog):
+  from hostcall._apps.metrics import processes, sink
+  client = FakeCoordinationClient()
+  monkeypatch.setattr(processes, "job",
+                      lambda: processes.Job(0, 3, client))
+  monkeypatch.setattr(processes.Gather, "WAIT_MS", 20)
+  monkeypatch.setattr(sink.RunSink, "GATHER_TIMEOUT", 0.5)
+  run = metrics.Run("gathered-here", root=tmp_path, processes="gather",
+                    writers=["memory", "jsonl"])
+  # Process 1 (its writer, as its own Run makes it) sends two blocks and
+  # closes; process 2 never closes its run.
+  prefix = f'hostcall/metrics/{json.dumps("gathered-here")}/0'
+  sender = processes.ForwardWriter(client, f"{prefix}/1")
+  for first in (0, 2):
+    sender.write(metrics.Block(step=np.array([first, first + 1]),
+                               process=np.array([1, 1]),
+                               metrics={"x": np.array([10.0 + first,
+                                                       11.0 + first])}))
+  sender.close()
+  jax.jit(lambda: run.log(0, x=1.0))()  # process 0's own row
+  with caplog.at_level("WARNING", logger="hostcall"):
+    run.close()
+  assert "without the rows of process(es) [2]" in caplog.text
+  rows = sorted(map(tuple, metrics.read(run.dir)[["process", "step", "x"]]
+                    .itertuples(index=False)))
+  assert rows == [(0, 0, 1.0), (1, 0, 10.0), (1, 1, 11.0), (1, 2, 12.0),
+                  (1, 3, 13.0)]
+  assert client.deleted == [f"{prefix}/1/{i}" for i in range(3)]
+  assert client.values == {}  # every key taken is deleted
