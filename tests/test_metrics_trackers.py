@@ -385,6 +385,10 @@ def test_read_merges_the_directories_of_several_processes(tmp_path):
       {"step": 0, "process": 0, "loss": 1.0},
       {"step": 0, "process": 1, "loss": 5.0},
       {"step": 1, "process": 1, "loss": 6.0}]
+  pytest.importorskip("matplotlib")
+  assert metrics.plot(tmp_path / "fit").read_bytes()[:4] == b"\x89PNG"
+  with pytest.raises(ValueError, match=r"takes names among \['loss'\]"):
+    metrics.plot(tmp_path / "fit", metrics=["nope"])  # process: no metric
   old = tmp_path / "old" / "process_3"
   old.mkdir(parents=True)
   (old / "metrics.csv").write_text("step,loss\n0,2.5\n")
