@@ -341,6 +341,29 @@ def test_a_clu_metric_writer_gets_every_value_at_its_step(tmp_path):
   assert [s for s, _ in clu_writer.scalars] == list(range(STEPS + 6))
 
 
+def test_clu_s_own_metric_writer_base_takes_the_test_writer(tmp_path):
+  # CLU's package needs TensorFlow (and flax) to import
+  # clu.metric_writers; its interface module needs only JAX, so it is read
+  # from the installed package's file. Where CLU is installed, the writer
+  # the tests above use is a real MetricWriter (every abstract method
+  # defined), and one made from it logs through a run.
+  import importlib.util
+  found = importlib.util.find_spec("clu")
+  if found is None:
+    pytest.skip("CLU is not installed (pip install clu; not a test extra: "
+                "it needs flax and TensorFlow)")
+  path = pathlib.Path(found.origin).parent / "metric_writers" / "interface.py"
+  spec = importlib.util.spec_from_file_location("clu_interface", path)
+  interface = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(interface)
+  Real = type("Real", (CluLikeWriter, interface.MetricWriter), {})
+  clu_writer = Real()  # TypeError if an abstract method were missing
+  run = metrics.Run("clu-abc", root=tmp_path, writers=[clu_writer])
+  jax.jit(lambda: run.log(5, loss=0.5))()
+  run.close()
+  assert clu_writer.scalars == [(5, {"loss": 0.5})]
+
+
 def test_clu_writer_refuses_what_is_not_a_metric_writer():
   with pytest.raises(TypeError, match="CluWriter takes an object with CLU's "
                      "MetricWriter interface .* got 3 of type int"):
