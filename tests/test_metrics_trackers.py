@@ -222,10 +222,11 @@ def wandb_offline(tmp_path, monkeypatch):
   return tmp_path / "wandb"
 
 
-def _wandb_records(run_dir):
+def _wandb_records(wandb_run):
   """The records of an offline W&B run, as wandb's own reader prints them
   (``wandb leet inspect --json``)."""
-  (log,) = pathlib.Path(run_dir).glob("run-*.wandb")
+  log = pathlib.Path(wandb_run.settings.sync_file)
+  assert log.is_absolute() and log.exists(), log
   done = subprocess.run(
       [sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(log)],
       capture_output=True, text=True, timeout=120, check=True)
@@ -256,7 +257,7 @@ def test_wandb_offline_gets_every_value_at_its_step(wandb_offline, tmp_path):
   assert isinstance(writer, metrics.WandbWriter)
   expected = _log_everywhere(run)
   run.close()
-  records = _wandb_records(pathlib.Path(writer.run.dir).parent)
+  records = _wandb_records(writer.run)
   (started,) = [r["run"] for r in records if r["type"] == "run"]
   assert started["display_name"] == "fit"
   config = started["config"]["update"]
@@ -272,7 +273,7 @@ def test_two_wandb_runs_are_two_offline_runs(wandb_offline, tmp_path):
   first.close()
   second.close()
   for run, value in ((first, 1.0), (second, 2.0)):
-    records = _wandb_records(pathlib.Path(run.writers[0].run.dir).parent)
+    records = _wandb_records(run.writers[0].run)
     assert _wandb_values(records) == {("x", 0): value}
 
 

@@ -21,7 +21,8 @@ class WandbWriter(Writer):
   What ``Run(writers=["wandb"])`` makes, with the hostcall run's name as
   the W&B run's name and its ``params`` as the run's config; W&B's own
   environment (``WANDB_PROJECT``, ``WANDB_MODE=offline``, ``WANDB_DIR``,
-  ...) says the rest. Keys as ``MlflowWriter``'s: a vmap member's value is
+  ..., read by W&B once a process, at its first ``wandb.init``) says the
+  rest; ``init`` arguments say it per run. Keys as ``MlflowWriter``'s: a vmap member's value is
   ``<name>/member_<k>``, an array metric one key per element. W&B keeps
   steps increasing: log each step once, in order (rows of a step lower
   than one logged before are dropped by W&B, with its warning).
