@@ -492,3 +492,38 @@ def test_process_0_writes_what_the_others_send_and_says_who_never_closed(
                   (1, 3, 13.0)]
   assert client.deleted == [f"{prefix}/1/{i}" for i in range(3)]
   assert client.values == {}  # every key taken is deleted
+
+
+def test_a_process_other_than_0_writes_sends_or_drops_as_asked(
+    tmp_path, monkeypatch, mlflow_client):
+  from hostcall._apps.metrics import processes
+  client = FakeCoordinationClient()
+  monkeypatch.setattr(processes, "job", lambda: processes.Job(1, 2, client))
+  each = metrics.Run("roles", root=tmp_path, writers=["jsonl", "mlflow"],
+                     params={"lr": 0.5})
+  sent = metrics.Run("roles-sent", root=tmp_path, writers=["jsonl", "mlflow"],
+                     processes="gather")
+  dropped = metrics.Run("roles-dropped", root=tmp_path, processes="zero")
+  assert each.dir == tmp_path / "roles" / "process_1"
+  assert [type(w).__name__ for w in sent.writers] == ["ForwardWriter"]
+  assert dropped.writers == []
+  jax.jit(lambda: [r.log(4, x=2.0) for r in (each, sent, dropped)])()
+  for run in (each, sent, dropped):
+    run.close()
+  # "each": its own files and its own MLflow run, named for its process.
+  assert metrics.read(tmp_path / "roles").to_dict("records") == [
+      {"process": 1, "step": 4, "x": 2.0}]
+  mlflow_run = mlflow_client.get_run(each.writers[1].run_id)
+  assert mlflow_run.info.run_name == "roles/process_1"
+  assert mlflow_run.data.params == {"lr": "0.5"}
+  assert [(m.step, m.value) for m in mlflow_client.get_metric_history(
+      mlflow_run.info.run_id, "x/process_1")] == [(4, 2.0)]
+  # "gather": nothing written here; the block, then the end, sent.
+  assert not (tmp_path / "roles-sent").exists()
+  prefix = f'hostcall/metrics/{json.dumps("roles-sent")}/0/1'
+  assert sorted(client.values) == [f"{prefix}/0", f"{prefix}/1"]
+  assert processes.decode(client.values[f"{prefix}/0"]).records() == [
+      {"step": 4, "process": 1, "x": 2.0}]
+  assert client.values[f"{prefix}/1"] == b"end"
+  # "zero": dropped.
+  assert not (tmp_path / "roles-dropped").exists()
