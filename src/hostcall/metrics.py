@@ -7,6 +7,10 @@
     hostcall.barrier()                             # or run.flush()
     hostcall.metrics.read("runs/fit")              # a pandas DataFrame
     hostcall.metrics.plot("runs/fit")              # runs/fit/metrics.png
+
+Writers: ``"jsonl"`` (the default), ``"csv"``, ``"tensorboard"``,
+``"memory"``, ``"mlflow"`` and ``"wandb"`` by name, a CLU ``MetricWriter``
+or a ``Writer`` subclass of one's own.
 """
 
 from hostcall._apps.metrics.block import Block
