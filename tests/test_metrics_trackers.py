@@ -138,6 +138,29 @@ def test_mlflow_splits_a_large_block_at_its_batch_bound(mlflow_client,
       experiment.experiment_id)
 
 
+def test_a_batch_refused_midway_says_which_steps_are_not_in_mlflow(
+    mlflow_client, tmp_path):
+  writer = metrics.MlflowWriter("midway")
+  log_batch, calls = writer.client.log_batch, []
+
+  def second_refused(run_id, metrics=(), **kwargs):
+    calls.append(len(metrics))
+    if len(calls) == 2:
+      raise OSError("the store's disk is full")
+    return log_batch(run_id, metrics=metrics, **kwargs)
+
+  writer.client.log_batch = second_refused
+  with pytest.raises(RuntimeError, match=r"refused the metrics of steps "
+                     r"1000 to 2499 \(OSError: the store's disk is full\); "
+                     r"1500 metric value\(s\) are not in MLflow run"):
+    writer.write(metrics.Block(step=np.arange(2500),
+                               metrics={"x": np.arange(2500.0)}))
+  writer.close()
+  assert calls == [1000, 1000]
+  assert len(mlflow_client.get_metric_history(writer.run_id, "x")) == 1000
+  assert mlflow_client.get_run(writer.run_id).info.status == "FAILED"
+
+
 def _failing_store_test(tmp_path, monkeypatch, uri, match):
   monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
   run = metrics.Run("failing", root=tmp_path, writers=["mlflow", "jsonl"])

@@ -154,18 +154,20 @@ class MlflowWriter(Writer):
     metrics = [Metric(key, float(value), timestamp, step)
                for step, scalars in keys.steps(block)
                for key, value in scalars.items()]
+    first = 0
     try:
       for first in range(0, len(metrics), self.BATCH):
         self.client.log_batch(self.run_id,
                               metrics=metrics[first:first + self.BATCH])
     except Exception as exc:
       self._failed = True
+      lost = [m.step for m in metrics[first:]]
       raise RuntimeError(
           f"MLflow tracking store {self.tracking_uri!r} refused the metrics "
-          f"of steps {int(block.step.min())} to {int(block.step.max())} "
-          f"({_said(exc)}); they are not in MLflow run "
-          f"{self.run_id} (the run's other writers have them). Check that "
-          "the store is reachable and writable.") from exc
+          f"of steps {min(lost)} to {max(lost)} ({_said(exc)}); "
+          f"{len(lost)} metric value(s) are not in MLflow run "
+          f"{self.run_id} (the run's other writers have their rows). Check "
+          "that the store is reachable and writable.") from exc
 
   def close(self) -> None:
     """Ends the MLflow run (``FINISHED``, or ``FAILED`` where a block could
