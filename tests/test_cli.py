@@ -230,6 +230,9 @@ def test_benchmark_smoke_run(tmp_path):
   assert "9. interruptible loop, no bar (Ctrl-C, time limit)" in proc.stdout
   assert "9. ... stopped by a host predicate (stop_when)" in proc.stdout
   assert "10. grad_callback a step under grad, async" in proc.stdout
+  # Measured where MLflow is installed, else a row that says how to.
+  assert "11. per-step metrics, MLflow writer" in proc.stdout
+  assert "12. one callback a call, hostcall.jit" in proc.stdout
   rows = json.loads((tmp_path / "latest.json").read_text())["rows"]
   assert any(r["row"].startswith("7. progress bar") for r in rows)
 

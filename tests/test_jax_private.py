@@ -430,3 +430,13 @@ def test_device_assignment_orders_a_sharding_s_devices():
   device = jax.devices()[0]
   assert _jax_private.device_assignment(
       SingleDeviceSharding(device)) == (device,)
+
+
+def test_distributed_client_is_none_until_jax_distributed_is_initialized():
+  # This process never initializes jax.distributed; the two processes of
+  # tests/test_multiprocess.py send metrics rows through the client.
+  assert _jax_private.distributed_client() is None
+  from jax._src import distributed
+  state = distributed.global_state
+  assert (state.client, state.process_id, state.num_processes) == (None, 0, 1)
+  assert callable(distributed.State.initialize)

@@ -265,7 +265,8 @@ def test_bad_input_is_explained(tmp_path):
   with pytest.raises(TypeError, match="at least one metric"):
     run.log(0)
   with pytest.raises(ValueError, match="a metrics writer is one of "
-                     r"\['csv', 'jsonl', 'memory', 'tensorboard'\]"):
+                     r"\['csv', 'jsonl', 'memory', 'mlflow', 'tensorboard', "
+                     r"'wandb'\]"):
     metrics.Run("bad2", root=tmp_path, writers=["parquet"])
   run.close()
   with pytest.raises(RuntimeError, match="is closed"):

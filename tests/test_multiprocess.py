@@ -1,6 +1,7 @@
 """Two processes on 127.0.0.1 with jax.distributed, 2 CPU devices each: every
 process's host functions receive exactly its local devices' data."""
 
+import importlib.util
 import json
 import os
 import pathlib
@@ -9,6 +10,8 @@ import subprocess
 import sys
 
 import pytest
+
+from hostcall import metrics
 
 WORKER = pathlib.Path(__file__).parent / "multiprocess" / "worker.py"
 
@@ -66,15 +69,57 @@ def test_each_process_receives_its_local_devices_data(tmp_path):
     bar = f.read()
   assert bar.count("\n") == 1 and "| 12/12 [" in bar.split("\r")[-1]
   assert (tmp_path / "bar-1.txt").read_text() == ""
-  # Each process's run holds its own devices' rows, each with its device.
+  # Each process's run holds its own devices' rows, each with its device,
+  # in its own directory; read() merges them with their process.
+  everyone = sorted((p, d, i, 2.0 * d + i) for p in range(2)
+                    for d in (2 * p, 2 * p + 1) for i in range(12))
   for process in range(2):
     rows = [json.loads(line) for line in
-            (tmp_path / f"run-{process}" / "metrics.jsonl").read_text()
-            .splitlines()]
-    assert len({r["device"] for r in rows}) == 2
-    assert sorted((r["step"], r["value"]) for r in rows) == sorted(
-        (i, 2.0 * d + i) for d in (2 * process, 2 * process + 1)
-        for i in range(12))
+            (tmp_path / "run" / f"process_{process}" / "metrics.jsonl")
+            .read_text().splitlines()]
+    assert _rows(rows) == [r for r in everyone if r[0] == process]
+  assert _rows(metrics.read(tmp_path / "run")) == everyone
+  # processes="gather": process 0 alone wrote every process's rows, through
+  # each of its writers; process 1 sent its rows to it.
+  assert json.loads((tmp_path / "writers-1.json").read_text()) == [
+      "ForwardWriter"]
+  assert not list((tmp_path / "gathered").glob("process_*"))
+  for name in ("metrics.jsonl", "metrics.csv"):
+    assert _rows(metrics.read(tmp_path / "gathered" / name)) == everyone
+  with_mlflow = importlib.util.find_spec("mlflow") is not None
+  assert json.loads((tmp_path / "writers-0.json").read_text()) == [
+      "JsonlWriter", "CsvWriter"] + ["MlflowWriter"] * with_mlflow
+  if with_mlflow:
+    from mlflow import MlflowClient
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    (only,) = client.search_runs(["0"])  # one MLflow run, process 0's
+    assert only.info.run_name == "gathered"
+    assert only.data.params == {"devices": "4"}
+    logged = []
+    for key in only.data.metrics:  # value/process_<p>/device_<id>
+      _, process, device = key.split("/")
+      logged += [{"process": int(process.split("_")[1]),
+                  "device": int(device.split("_")[1]), "step": m.step,
+                  "value": m.value}
+                 for m in client.get_metric_history(only.info.run_id, key)]
+    assert _rows(logged) == everyone
+  # processes="zero": process 0's rows alone.
+  assert _rows(metrics.read(tmp_path / "zero")) == [
+      r for r in everyone if r[0] == 0]
+
+
+def _rows(rows):
+  """(process, device index, step, value) of each row (records or a
+  DataFrame). Process p's two devices have indices 2p and 2p + 1 in
+  jax.devices(), but other ids (process 1's CPU devices are 2048, 2049)."""
+  if hasattr(rows, "to_dict"):
+    rows = rows.to_dict("records")
+  ids = {}
+  for r in rows:
+    ids.setdefault(r["process"], set()).add(r["device"])
+  return sorted((r["process"], 2 * r["process"] + sorted(
+      ids[r["process"]]).index(r["device"]), r["step"], r["value"])
+      for r in rows)
 
 
 def test_steered_loops_stop_in_every_process_after_the_same_check(tmp_path):

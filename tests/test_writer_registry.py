@@ -3,6 +3,7 @@ adding a writer is one module and one entry; ``Run(writers=[name])`` imports
 it when first named, says which extra to install when its package is
 missing, and ``hostcall info`` lists it and its extra's packages."""
 
+import importlib.util
 import pathlib
 import re
 import sys
@@ -31,10 +32,20 @@ def test_every_writer_extra_is_a_pip_extra_that_installs_what_it_names():
     assert all(name in all_pins for name in entry.requires)
 
 
-def test_every_named_writer_loads(tmp_path):
+def test_every_named_writer_loads(tmp_path, monkeypatch):
+  monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+  monkeypatch.setenv("WANDB_MODE", "offline")
+  monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+  monkeypatch.setenv("WANDB_SILENT", "true")
+  packages = {"tensorboard": "tensorboardX", "mlflow": "mlflow",
+              "wandb": "wandb"}
   for name in registry.entries():
-    if name == "tensorboard":
-      pytest.importorskip("tensorboardX")
+    if name in packages and importlib.util.find_spec(packages[name]) is None:
+      # Not installed here: the writer says which extra to install.
+      with pytest.raises(ImportError, match=re.escape(
+          f"pip install 'hostcall[{name}]'")):
+        registry.make(name, tmp_path / name)
+      continue
     writer = registry.make(name, tmp_path / name)
     assert isinstance(writer, metrics.Writer)
     writer.close()
@@ -106,15 +117,15 @@ def test_info_lists_the_registry_s_writers_and_extras(extra_writers, capsys):
                  if line.startswith("metrics writers: "))
   assert writers.startswith("metrics writers: jsonl, csv, tensorboard")
   assert writers.endswith(
-      "memory, lines, remote (not installed: pip install 'hostcall[remote]' "
+      ", lines, remote (not installed: pip install 'hostcall[remote]' "
       "(or pip install hostcall-no-such-package))")
 
 
 # The order of docs/architecture.md's list: each module imports only from
 # those before it (writer_thread knows a run only as a Sink).
-LAYERS = ["block", "writer", "registry", "files", "reading", "jsonl", "csv",
-          "tensorboard", "memory", "writer_thread", "sink", "log_target",
-          "run", "plot"]
+LAYERS = ["block", "keys", "writer", "clu", "registry", "files", "reading",
+          "jsonl", "csv", "tensorboard", "memory", "mlflow", "wandb",
+          "processes", "writer_thread", "sink", "log_target", "run", "plot"]
 
 
 def test_the_metrics_modules_are_small_and_import_only_those_before():

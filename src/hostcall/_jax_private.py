@@ -11,7 +11,8 @@ else:
   side effect legal inside ``scan``/``while``/``cond``, ``custom_jvp`` and
   ``checkpoint``; the sharding JAX gives its own callbacks; JAX's io
   callback effects; the batching of a ``while`` loop; a few sharding
-  annotations.
+  annotations; the key-value store of ``jax.distributed``'s coordination
+  service.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from jax._src import callback as _callback
 from jax._src import config as _config
 from jax._src import core as _core
 from jax._src import dispatch as _dispatch
+from jax._src import distributed as _distributed
 from jax._src import effects as _effects
 from jax._src import literals as _literals
 from jax._src import named_sharding as _named_sharding
@@ -478,3 +480,15 @@ def device_assignment(sharding) -> tuple:
   devices = getattr(sharding, "_device_assignment", None)
   return tuple(devices) if devices else tuple(
       sorted(sharding.device_set, key=lambda d: d.id))
+
+
+def distributed_client():
+  """``(client, process_id, num_processes)`` of ``jax.distributed``, or None
+  where it is not initialized; read without starting JAX's backends. The
+  client's key-value store (``key_value_set_bytes``,
+  ``blocking_key_value_get_bytes``, ``key_value_delete``) is the
+  coordination service's, which every process of the job reaches."""
+  state = _distributed.global_state
+  if state.client is None:
+    return None
+  return state.client, state.process_id, state.num_processes

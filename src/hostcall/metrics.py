@@ -7,18 +7,25 @@
     hostcall.barrier()                             # or run.flush()
     hostcall.metrics.read("runs/fit")              # a pandas DataFrame
     hostcall.metrics.plot("runs/fit")              # runs/fit/metrics.png
+
+Writers: ``"jsonl"`` (the default), ``"csv"``, ``"tensorboard"``,
+``"memory"``, ``"mlflow"`` and ``"wandb"`` by name, a CLU ``MetricWriter``
+or a ``Writer`` subclass of one's own.
 """
 
 from hostcall._apps.metrics.block import Block
+from hostcall._apps.metrics.clu import CluWriter
 from hostcall._apps.metrics.csv import CsvWriter
 from hostcall._apps.metrics.jsonl import JsonlWriter
 from hostcall._apps.metrics.memory import MemoryWriter
+from hostcall._apps.metrics.mlflow import MlflowWriter
 from hostcall._apps.metrics.plot import plot
 from hostcall._apps.metrics.reading import IncompleteRowsWarning, read
 from hostcall._apps.metrics.run import Run
 from hostcall._apps.metrics.tensorboard import TensorBoardWriter
+from hostcall._apps.metrics.wandb import WandbWriter
 from hostcall._apps.metrics.writer import Writer
 
-__all__ = ["Block", "CsvWriter", "IncompleteRowsWarning", "JsonlWriter",
-           "MemoryWriter", "Run", "TensorBoardWriter", "Writer", "plot",
-           "read"]
+__all__ = ["Block", "CluWriter", "CsvWriter", "IncompleteRowsWarning",
+           "JsonlWriter", "MemoryWriter", "MlflowWriter", "Run",
+           "TensorBoardWriter", "WandbWriter", "Writer", "plot", "read"]

@@ -4,7 +4,10 @@ Usage: worker.py PORT NUM_PROCESSES PROCESS_ID OUT_DIR [INIT_TIMEOUT_S]
 Writes OUT_DIR/taps-<process>.jsonl: one line per host call this process's
 host functions received (the per-process file pattern of docs/distributed.md),
 OUT_DIR/bar-<process>.txt (a progress bar's stream) and OUT_DIR/run-<process>/
-(metrics).
+(metrics: "run", written by each process to run/process_<k>/; "gathered",
+written by process 0 alone, every process's rows, through jsonl, csv and,
+where MLflow is installed, OUT_DIR/mlflow.db; "zero", process 0's rows
+alone).
 """
 
 import json
@@ -80,14 +83,31 @@ for shard in result.addressable_shards:
 jax.jit(lambda v: hostcall.io_callback(record("global", returns=False),
                                        None, v))(x)
 
-# A progress bar (drawn by process 0 only) and metrics (a run per process).
+# A progress bar (drawn by process 0 only) and metrics: every process its
+# own rows, process 0 every process's rows, process 0 its own rows.
 bar = open(os.path.join(out_dir, f"bar-{jax.process_index()}.txt"), "w")
-run = hostcall.metrics.Run(f"run-{jax.process_index()}", root=out_dir)
+run = hostcall.metrics.Run("run", root=out_dir)
+gathered_writers = ["jsonl", "csv"]
+try:
+  import mlflow  # noqa: F401
+except ImportError:
+  pass
+else:
+  os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{out_dir}/mlflow.db"
+  gathered_writers.append("mlflow")
+gathered = hostcall.metrics.Run("gathered", root=out_dir,
+                                writers=gathered_writers,
+                                params={"devices": 4}, processes="gather")
+zero = hostcall.metrics.Run("zero", root=out_dir, processes="zero")
+with open(os.path.join(out_dir, f"writers-{jax.process_index()}.json"),
+          "w") as f:
+  json.dump([type(w).__name__ for w in gathered.writers], f)
 
 
 def looped(v):
   def step(c, i):
-    run.log(i, value=c[0])
+    for each in (run, gathered, zero):
+      each.log(i, value=c[0])
     return c + 1.0, None
   return hostcall.progress.scan(step, v, np.arange(12), file=bar,
                                 desc="loop")[0]
@@ -128,6 +148,8 @@ with open(os.path.join(out_dir, f"steer-{me}.json"), "w") as f:
   json.dump(steer, f)
 
 hostcall.barrier()
+for each in (run, zero, gathered):  # gathered: process 0 waits for process 1
+  each.close()
 run.close()
 bar.close()
 out.close()

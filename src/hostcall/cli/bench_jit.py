@@ -60,10 +60,10 @@ def _step(x, i):
 
 
 def jit_rows(b) -> list[dict]:
-  """8. hostcall.jit: a jitted step with a print or metrics (issue 23)."""
+  """12. hostcall.jit: a jitted step with a print or metrics (issue 23)."""
   repeats = max(3, b.repeats)
   base = _loop_time(jax.jit(_step), CALLS)
-  rows = [_row("8. plain jitted step (16-float tanh), Python loop",
+  rows = [_row("12. plain jitted step (16-float tanh), Python loop",
                statistics.median(base() for _ in range(3)) * 1e6, 1.0, None)]
 
   def tapped(debug_callback):
@@ -80,7 +80,7 @@ def jit_rows(b) -> list[dict]:
        hostcall.debug_callback, 1.5)):
     us, ratio = _paired(_loop_time(jit(tapped(callback)), CALLS), base,
                         repeats)
-    rows.append(_row(f"8. one callback a call, {name}", us, ratio, target,
+    rows.append(_row(f"12. one callback a call, {name}", us, ratio, target,
                      "reference" if target is None else ""))
 
   names = [f"m{k}" for k in range(METRICS)]
@@ -93,7 +93,7 @@ def jit_rows(b) -> list[dict]:
 
     us, ratio = _paired(_loop_time(hostcall.jit(logged), CALLS), base,
                         repeats)
-    rows.append(_row(f"8. {METRICS} metrics a call, Run.log under "
+    rows.append(_row(f"12. {METRICS} metrics a call, Run.log under "
                      "hostcall.jit", us, ratio, 1.6, "JSON Lines"))
 
     # The floor: the step returns the same values stacked, and the loop
@@ -111,9 +111,9 @@ def jit_rows(b) -> list[dict]:
     floor_us, floor_ratio = _paired(
         _loop_time(jax.jit(returned), CALLS, finish=write_rows), base,
         repeats)
-    rows.append(_row("8. floor: the step returns the metrics, the loop "
+    rows.append(_row("12. floor: the step returns the metrics, the loop "
                      "writes them", floor_us, floor_ratio, None, "reference"))
-    rows.append(_row("8. ... Run.log under hostcall.jit / the floor", us,
+    rows.append(_row("12. ... Run.log under hostcall.jit / the floor", us,
                      ratio / floor_ratio, 1.15, "ratio to the floor row"))
     floor_writer.close()
     run.close()

@@ -459,6 +459,58 @@ def backward_pass(b: Bench) -> list[dict]:
     run.close()
   rows.append(_row("10. Run.log_grad a step (the norm), rows written", us,
                    ratio, None, "ratio to the same backward pass without it"))
+
+
+def tracking_writers(b: Bench) -> list[dict]:
+  """11. Per-step metrics (in ``hostcall.scan``) through the MLflow writer,
+  to a SQLite tracking store, against the JSON Lines writer: the device
+  side (the writer thread keeps the device from waiting either way) and
+  the host's drain (from the computation's end until every row is
+  stored)."""
+  try:
+    import mlflow  # noqa: F401
+  except ImportError:
+    return [_row("11. per-step metrics, MLflow writer", None, None, None,
+                 "not installed: pip install 'hostcall[mlflow]'")]
+  repeats = 3 * b.repeats
+  rows, device = [], {}
+  with tempfile.TemporaryDirectory() as root:
+    writers = {
+        "JSON Lines": "jsonl",
+        "MLflow": hostcall.metrics.MlflowWriter(
+            "bench", tracking_uri=f"sqlite:///{root}/mlflow.db")}
+    for label, writer in writers.items():
+      run = hostcall.metrics.Run(f"bench-{label}", root=root,
+                                 writers=[writer])
+
+      def logged_step(state, _, run=run):
+        i, carry = state
+        carry = _matmul_step(carry)
+        run.log(i, value=carry[0, 0], norm=carry[0, 1])
+        return (i + 1, carry), None
+
+      fn = jax.jit(lambda x, step=logged_step: hostcall.scan(
+          step, (0, x), None, length=b.steps, every=EVERY)[0][1])
+      # Device side: the rows are drained after the timings, not between.
+      us, ratio = b.paired(fn, drain=False, repeats=repeats)
+      device[label] = ratio
+      rows.append(_row(f"11. per-step metrics, {label} writer (device side)",
+                       us, ratio, None, f"hostcall.scan, every={EVERY}"))
+      drains = []
+      for _ in range(b.repeats):
+        fn(X).block_until_ready()
+        start = time.perf_counter()
+        hostcall.barrier()
+        drains.append(time.perf_counter() - start)
+      drain = statistics.median(drains)
+      rows.append(_row(f"11. ... host drain, {label}", drain / b.steps * 1e6,
+                       None, None,
+                       f"{drain * 1e3:.1f} ms to store {b.steps} rows after "
+                       "the computation ended (us_per_step: per row)"))
+      run.close()
+  rows.append(_row("11. ... MLflow / JSON Lines, device side",
+                   None, device["MLflow"] / device["JSON Lines"], 1.1,
+                   "the writer thread keeps the device from waiting"))
   return rows
 
 
@@ -466,7 +518,11 @@ def backward_pass(b: Bench) -> list[dict]:
 ROWS = (plain_scan, jax_references, default_tap, ordered_vs_unordered,
         loop_buffered, async_device_side, async_dispatch, async_slow_host,
         one_tap_per_call, big_async_tap, busy_main_thread, progress_bar,
-        metrics_rows, peers, steered_loops, backward_pass, bench_jit.jit_rows)
+        metrics_rows, peers, steered_loops, backward_pass, tracking_writers,
+        bench_jit.jit_rows)
+
+
+        metrics_rows, peers, steered_loops, tracking_writers)
 
 
 def measure(steps: int, repeats: int) -> list[dict]:

@@ -18,8 +18,8 @@ import numpy as np
 
 @dataclasses.dataclass
 class Block:
-  """Rows of metrics: ``step`` and the optional ``member`` / ``device``
-  columns, and one column per metric (first axis: the rows).
+  """Rows of metrics: ``step`` and the optional ``process`` / ``member`` /
+  ``device`` columns, and one column per metric (first axis: the rows).
 
   What a ``Writer`` receives: the rows of one host delivery of a
   ``Run.log`` call (one step, or ``every`` steps inside ``hostcall.scan``),
@@ -33,11 +33,13 @@ class Block:
     metrics: the metrics by name, each an array whose first axis is the
       rows (a scalar metric is a column; an array metric has the array's
       shape after the first axis). Any string but the index columns'
-      names (``step``, ``member``, ``device``) is a name.
+      names (``step``, ``process``, ``member``, ``device``) is a name.
     member: the vmap member of each row (row-major over nested vmaps), or
       None outside ``vmap``.
     device: the id of the device that logged each row, or None where JAX
       sees a single device.
+    process: the JAX process (``jax.process_index()``) that logged each
+      row, or None in a job of one process.
 
   Example:
     >>> import numpy as np, hostcall
@@ -54,6 +56,7 @@ class Block:
   metrics: dict[str, np.ndarray]
   member: np.ndarray | None = None
   device: np.ndarray | None = None
+  process: np.ndarray | None = None
 
   def __len__(self) -> int:
     return len(self.step)
@@ -61,17 +64,20 @@ class Block:
   @property
   def nbytes(self) -> int:
     """The bytes its arrays hold."""
-    columns = [self.step, self.member, self.device, *self.metrics.values()]
+    columns = [self.step, self.process, self.member, self.device,
+               *self.metrics.values()]
     return sum(np.asarray(c).nbytes for c in columns if c is not None)
 
   def index_columns(self) -> dict[str, np.ndarray]:
     """The columns that say where each row comes from.
 
     Returns:
-      ``{"step": ...}``, with ``"member"`` and ``"device"`` where present, in
-      that order: what a writer puts before the metrics.
+      ``{"step": ...}``, with ``"process"``, ``"member"`` and ``"device"``
+      where present, in that order: what a writer puts before the metrics.
     """
     columns = {"step": self.step}
+    if self.process is not None:
+      columns["process"] = self.process
     if self.member is not None:
       columns["member"] = self.member
     if self.device is not None:
@@ -82,8 +88,8 @@ class Block:
     """The rows as dicts of Python values (arrays become nested lists).
 
     Returns:
-      One dict a row: the index columns (``step``, ``member``, ``device``
-      where present), then the metrics. Booleans become 0/1, complex
+      One dict a row: the index columns (``step``, ``process``, ``member``,
+      ``device`` where present), then the metrics. Booleans become 0/1, complex
       numbers their magnitude, small integer and float types of
       ``ml_dtypes`` Python ints and floats.
     """
@@ -116,7 +122,8 @@ def concatenate(blocks: list[Block]) -> Block:
       metrics={name: joined(lambda b, name=name: b.metrics[name])
                for name in first.metrics},
       member=None if first.member is None else joined(lambda b: b.member),
-      device=None if first.device is None else joined(lambda b: b.device))
+      device=None if first.device is None else joined(lambda b: b.device),
+      process=None if first.process is None else joined(lambda b: b.process))
 
 
 def plain(values: np.ndarray) -> np.ndarray:

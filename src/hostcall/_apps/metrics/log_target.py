@@ -60,10 +60,13 @@ class LogTarget(PostponingTarget):
       step = np.repeat(sink.take_steps(steps or 1), lanes)
     member = (np.tile(np.arange(lanes), steps or 1) if batch_rank else None)
     device = _device_column(context, rows)
+    process = (None if sink.process is None
+               else np.full(rows, sink.process, dtype=np.int64))
     if rows:
       sink.note_latest(int(step[-1]), {name: v[-1] for name, v in zip(
           self.names, values)})
-    sink.put(Block(step, dict(zip(self.names, values)), member, device))
+    sink.put(Block(step, dict(zip(self.names, values)), member, device,
+                   process))
 
 
 def _device_column(context, rows: int) -> np.ndarray | None:

@@ -26,8 +26,8 @@ def plot(run, out: str | os.PathLike | None = None, *,
   Returns:
     The path of the PNG written.
 
-  One panel per metric; one line per vmap member (``member`` column) or
-  device, and beyond eight of them their mean in black.
+  One panel per metric; one line per vmap member (``member`` column),
+  device or process, and beyond eight of them their mean in black.
 
   Raises:
     ImportError: matplotlib is not installed (``pip install 'hostcall[plot]'``).
@@ -72,7 +72,7 @@ def plot(run, out: str | os.PathLike | None = None, *,
     if missing:
       raise ValueError(
           f"{run}: no metric {missing[0]!r} was logged; plot's metrics= "
-          f"takes names among {sorted(logged - {'step', 'member', 'device'})}.")
+          f"takes names among {sorted(logged - _INDEX)}.")
   if not names:
     raise ValueError(f"{run}: no scalar metrics to plot "
                      f"(found {len(records)} rows)")
@@ -85,7 +85,8 @@ def plot(run, out: str | os.PathLike | None = None, *,
     lines = collections.defaultdict(list)
     for record in records:
       if name in record:
-        key = (record.get("device"), record.get("member"))
+        key = (record.get("process"), record.get("device"),
+               record.get("member"))
         lines[key].append((record["step"], record[name]))
     many = len(lines) > 8
     for key, points in sorted(lines.items(), key=lambda kv: str(kv[0])):
@@ -120,10 +121,13 @@ def plot(run, out: str | os.PathLike | None = None, *,
   return out
 
 
+#: The columns that say where a row comes from, not metrics.
+_INDEX = frozenset({"step", "process", "member", "device"})
+
+
 def _label(key) -> str:
-  device, member = key
-  parts = ([] if device is None else [f"device {device}"]) + \
-      ([] if member is None else [f"member {member}"])
+  parts = [f"{kind} {value}" for kind, value in
+           zip(("process", "device", "member"), key) if value is not None]
   return ", ".join(parts)
 
 
@@ -131,7 +135,7 @@ def _scalar_metrics(records) -> list[str]:
   names = {}
   for record in records:
     for name, value in record.items():
-      if name in ("step", "member", "device"):
+      if name in _INDEX:
         continue
       if isinstance(value, (int, float)) and not isinstance(value, bool):
         names.setdefault(name, True)

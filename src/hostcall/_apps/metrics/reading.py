@@ -23,11 +23,13 @@ def read(path: str | os.PathLike):
 
   Arguments:
     path: a run directory (``runs/<name>``) or its ``metrics.jsonl`` /
-      ``metrics.csv``.
+      ``metrics.csv``. The directory of a run that several processes wrote
+      each to their own ``process_<k>/`` (``Run(processes="each")``) is
+      read whole: every process's rows, process 0's first.
 
   Returns:
-    A DataFrame with ``step`` (and ``member``, ``device`` where logged) and
-    one column per metric.
+    A DataFrame with ``step`` (and ``process``, ``member``, ``device``
+    where logged) and one column per metric.
 
   Rows cut off mid-write (a process killed while writing) are skipped, with
   an ``IncompleteRowsWarning`` naming their lines.
@@ -48,6 +50,12 @@ def read_records(path: str | os.PathLike) -> list[dict[str, Any]]:
   ``metrics.csv``) or one of those files."""
   path = files.as_path(path, "the run to read (a run directory or its "
                        "metrics file)")
+  if path.is_dir() and not any((path / name).exists() for name in (
+      "metrics.jsonl", "metrics.csv")):
+    parts = _process_dirs(path)
+    if parts:
+      return [{"process": process, **row} if "process" not in row else row
+              for process, part in parts for row in read_records(part)]
   if path.is_dir():
     for name in ("metrics.jsonl", "metrics.csv"):
       if (path / name).exists():
@@ -72,6 +80,17 @@ def read_records(path: str | os.PathLike) -> list[dict[str, Any]]:
         "outside while written, leaves them; the other "
         f"{len(rows)} rows are complete.", IncompleteRowsWarning, stacklevel=3)
   return rows
+
+
+def _process_dirs(path) -> list:
+  """``(k, path/process_<k>)`` for each process's directory of a run that
+  several processes wrote, by process."""
+  found = []
+  for child in path.glob("process_*"):
+    number = child.name.partition("_")[2]
+    if child.is_dir() and number.isdigit():
+      found.append((int(number), child))
+  return sorted(found)
 
 
 class IncompleteRowsWarning(UserWarning):

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import inspect
 import pathlib
 import types
+from typing import Any, Mapping
 
+from hostcall._apps.metrics.clu import CluWriter, is_clu_writer
 from hostcall._apps.metrics.writer import Writer
 
 
@@ -51,6 +54,11 @@ WRITERS: tuple[WriterEntry, ...] = (
     WriterEntry("tensorboard", "hostcall._apps.metrics.tensorboard:for_run",
                 extra="tensorboard", requires=("tensorboardX",)),
     WriterEntry("memory", "hostcall._apps.metrics.memory:for_run"),
+    WriterEntry("mlflow", "hostcall._apps.metrics.mlflow:for_run",
+                extra="mlflow",
+                requires=("mlflow-skinny", "sqlalchemy", "alembic")),
+    WriterEntry("wandb", "hostcall._apps.metrics.wandb:for_run",
+                extra="wandb", requires=("wandb",)),
 )
 
 def entries() -> dict[str, WriterEntry]:
@@ -63,14 +71,21 @@ def extras() -> list[WriterEntry]:
   return [e for e in WRITERS if e.extra is not None]
 
 
-def make(spec, run_dir: pathlib.Path) -> Writer:
-  """A writer from its name (one of ``WRITERS``) or a ``Writer`` instance."""
+def make(spec, run_dir: pathlib.Path, name: str | None = None,
+         params: Mapping[str, Any] | None = None) -> Writer:
+  """A writer from its name (one of ``WRITERS``), a ``Writer`` instance,
+  or an object with CLU's ``MetricWriter`` interface (wrapped in a
+  ``CluWriter``); a named writer that takes them is given the run's
+  ``name`` and ``params``."""
   if isinstance(spec, Writer):
     return spec
+  if is_clu_writer(spec):
+    return CluWriter(spec)
   named = entries()
   if not (isinstance(spec, str) and spec in named):
-    raise ValueError(f"a metrics writer is one of {sorted(named)} or a "
-                     f"hostcall.metrics.Writer instance; got {spec!r}.")
+    raise ValueError(f"a metrics writer is one of {sorted(named)}, a "
+                     "hostcall.metrics.Writer instance or a CLU "
+                     f"MetricWriter; got {spec!r}.")
   found = named[spec]
   module_name, _, function = found.load.partition(":")
   try:
@@ -80,7 +95,11 @@ def make(spec, run_dir: pathlib.Path) -> Writer:
       raise
     raise ImportError(f"the {spec} writer needs {exc.name or 'a package'}: "
                       f"{found.hint()}") from exc
-  return getattr(module, function)(run_dir)
+  make_writer = getattr(module, function)
+  taken = inspect.signature(make_writer).parameters
+  options = {key: value for key, value in (("name", name), ("params", params))
+             if key in taken}
+  return make_writer(run_dir, **options)
 
 
 def import_extra(name: str, module: str) -> types.ModuleType:

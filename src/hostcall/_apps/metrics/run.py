@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hostcall._apps.metrics import files, reading
+from hostcall._apps.metrics import files, processes as _processes, reading
 from hostcall._apps.metrics.log_target import LogTarget
 from hostcall._apps.metrics.memory import MemoryWriter
 from hostcall._apps.metrics.sink import RunSink
@@ -48,7 +48,7 @@ def _run_dir(root, name) -> pathlib.Path:
   return path
 
 
-_INDEX_COLUMNS = frozenset({"member", "device"})
+_INDEX_COLUMNS = frozenset({"member", "device", "process"})
 
 #: What ``Run.log_grad`` may log of each cotangent, and how.
 GRAD_STATS = ("norm", "min", "max", "nans")
@@ -93,15 +93,33 @@ class Run:
     writers: where rows go: ``"jsonl"`` (``metrics.jsonl``, the default),
       ``"csv"`` (``metrics.csv``), ``"tensorboard"`` (event files in
       ``tensorboard/``, needs ``tensorboardX``), ``"memory"`` (kept for
-      ``dataframe()``), or ``hostcall.metrics.Writer`` instances.
+      ``dataframe()``), ``"mlflow"`` (an MLflow run, needs ``mlflow``),
+      ``"wandb"`` (a Weights & Biases run, needs ``wandb``),
+      ``hostcall.metrics.Writer`` instances, or CLU ``MetricWriter``s (any
+      object with ``write_scalars(step, scalars)``, ``flush()``,
+      ``close()``).
+    params: hyper-parameters (a dict), for the writers that keep them:
+      the MLflow run's parameters, the W&B run's config.
+    processes: in a job of several processes (``jax.distributed``), who
+      writes: ``"each"`` (the default: every process writes its own rows,
+      to ``<root>/<name>/process_<k>/`` and its own MLflow / W&B run,
+      named ``<name>/process_<k>``),
+      ``"gather"`` (only process 0's writers write, every process's rows,
+      the others' sent to it through JAX's coordination service; process
+      0's ``close()`` waits for the others to close theirs) or ``"zero"``
+      (only process 0 writes, its own rows; the others' are dropped). Rows
+      carry the ``process`` that logged them; ``hostcall.metrics.read``
+      of the run's directory merges the processes' files. Make runs after
+      ``jax.distributed.initialize()``, in the same order in every
+      process, and close them before it shuts down.
 
   A run starts its files afresh. Rows reach the files at every
   ``hostcall.barrier()``, ``run.flush()``, ``run.close()`` and at exit.
   Under ``vmap`` each member's values form their own row, with its
   ``member`` index (row-major over nested vmaps). Where JAX sees several
   devices, rows carry the ``device`` id that logged them (under
-  ``shard_map`` and ``pmap`` each device logs its own values). In a job of
-  several processes give each process its own run name.
+  ``shard_map`` and ``pmap`` each device logs its own values), and in a job
+  of several processes the ``process`` (see ``processes``).
 
   Creating a run of the same directory as a run still open in this process
   (a notebook cell run again) replaces it: the old run is flushed and
@@ -124,13 +142,23 @@ class Run:
   """
 
   def __init__(self, name: str = "run", root: str | os.PathLike = "runs",
-               writers: Iterable = ("jsonl",)):
-    if isinstance(writers, (str, Writer)):
+               writers: Iterable = ("jsonl",), params: dict | None = None,
+               processes: str = "each"):
+    if isinstance(writers, str) or not isinstance(writers, Iterable):
       writers = [writers]
     writers = list(writers)
+    if params is not None and not isinstance(params, dict):
+      raise TypeError(f"Run(params=...) is a dict of hyper-parameters, e.g. "
+                      f"params={{'lr': 0.1}}; got {params!r} of type "
+                      f"{type(params).__name__}.")
+    processes = _processes.check_mode(processes)
+    job = _processes.job()
     self.name = name
     self.dir = _run_dir(root, name)
-    self._sink = RunSink(name, self.dir, writers)
+    if job.process is not None and processes == "each":
+      self.dir = self.dir / f"process_{job.process}"
+    self._sink = RunSink(name, self.dir, writers, params=params,
+                         processes=processes, job=job)
     self.id = self._sink.id
     self.writers: list = self._sink.writers
 
@@ -145,9 +173,9 @@ class Run:
         ``vmap``, one per member), positional or ``step=``; None numbers
         the calls of this run on the host 0, 1, 2, ...
       **metrics: name=value; JAX arrays, NumPy arrays of numbers or
-        booleans, or Python numbers (not text: refused). Any
-        string but ``member`` and ``device`` (columns hostcall fills) is a
-        valid name.
+        booleans, or Python numbers (not text: refused). Any string but
+        ``member``, ``device`` and ``process`` (columns hostcall fills) is
+        a valid name.
 
     Works inside and outside ``jit``; returns nothing. The values reach the
     writers asynchronously (see ``hostcall.set_delivery``).
@@ -163,8 +191,8 @@ class Run:
     if reserved:
       raise ValueError(
           f"the metric name(s) {reserved} are columns hostcall fills itself "
-          "(the vmap member and the device of each row); choose another "
-          f"name, e.g. run.log({reserved[0]}_id=...).")
+          "(the vmap member, the device and the process of each row); "
+          f"choose another name, e.g. run.log({reserved[0]}_id=...).")
     for name, value in metrics.items():
       if not is_array_like(value):
         raise TypeError(

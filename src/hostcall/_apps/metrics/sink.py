@@ -21,6 +21,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from hostcall._apps.metrics import processes as _processes
 from hostcall._apps.metrics import registry, writer_thread
 from hostcall._apps.metrics.block import Block
 from hostcall._async import queue as _queue
@@ -43,6 +44,10 @@ class RunSink:
     run_dir: the run's directory.
     specs: the writers, as ``Run(writers=...)`` takes them (names or
       ``Writer`` instances).
+    params: the run's hyper-parameters, for the writers that take them.
+    processes: who writes in a job of several processes (one of
+      ``processes.MODES``).
+    job: the job's processes.
 
   Attributes:
     id: a number no other sink of this process has.
@@ -52,9 +57,17 @@ class RunSink:
       directory), or None.
     closed: whether rows are refused.
     tally: how many puts the writer thread has written.
+    process: the ``process`` column of this process's rows (None in a job
+      of one process).
   """
 
-  def __init__(self, name: str, run_dir: pathlib.Path, specs: Iterable):
+  #: How long process 0 of a gathered run waits, at close, for the other
+  #: processes to close theirs.
+  GATHER_TIMEOUT = 300.0
+
+  def __init__(self, name: str, run_dir: pathlib.Path, specs: Iterable,
+               params=None, processes: str = "each",
+               job: _processes.Job = _processes.Job(None, 1)):
     self.id = next(_ids)
     self.name = name
     self.dir = run_dir
@@ -71,6 +84,8 @@ class RunSink:
     self._ready = threading.Event()
     self._parked: list = []
     self._writers_closed = False
+    self.process = job.process
+    self._gather: _processes.Gather | None = None
     with _open_lock:
       replaced = [s for s in _open if s.successor is None
                   and s.dir.resolve() == self.dir.resolve()]
@@ -81,7 +96,7 @@ class RunSink:
     try:
       for old in replaced:
         old.retire()  # one writer per file, never two
-      self.writers[:] = [registry.make(w, self.dir) for w in specs]
+      self.writers[:] = self._make_writers(specs, params, processes, job)
     except BaseException:
       self.closed = True
       with _open_lock:
@@ -94,6 +109,42 @@ class RunSink:
 
   def __repr__(self):
     return f"hostcall.metrics.Run({self.name!r}, dir={str(self.dir)!r})"
+
+  def _make_writers(self, specs, params, processes, job) -> list:
+    """The writers of this process: the run's own, or (a process other
+    than 0 where only process 0 writes) one that sends rows to process 0,
+    or none."""
+    if job.process is None:
+      return [registry.make(w, self.dir, self.name, params) for w in specs]
+    # Every process numbers its runs of a name alike, whatever it writes.
+    prefix = _processes.channel(self.name)
+    if processes == "each":  # one MLflow / W&B run a process
+      return [registry.make(w, self.dir, f"{self.name}/process_{job.process}",
+                            params) for w in specs]
+    if job.process == 0:
+      writers = [registry.make(w, self.dir, self.name, params) for w in specs]
+      if processes == "gather":
+        self._gather = _processes.Gather(job.client, prefix, job.count,
+                                         self.put)
+      return writers
+    if processes == "gather":
+      return [_processes.ForwardWriter(job.client, f"{prefix}/{job.process}")]
+    return []  # "zero": this process's rows are dropped
+
+  def await_other_processes(self) -> None:
+    """In process 0 of a gathered run: waits (``GATHER_TIMEOUT`` at most)
+    until every other process has closed its run, so that their rows are
+    put before this run closes."""
+    gather, self._gather = self._gather, None
+    if gather is None:
+      return
+    missing = gather.wait(self.GATHER_TIMEOUT)
+    if missing:
+      logger.warning(
+          "hostcall: %r closed without the rows of process(es) %s, which "
+          "did not close their run within %.0f s (close the run in every "
+          "process, before jax.distributed shuts down)", self, missing,
+          self.GATHER_TIMEOUT)
 
   def current(self) -> "RunSink":
     """The sink that takes this one's rows now: itself, or the last of its
@@ -177,7 +228,9 @@ class RunSink:
         errors.postpone(exc, f"flushing metrics writer {writer!r}")
 
   def close(self) -> None:
-    """Refuses rows from now on, writes what was put, closes the writers."""
+    """Refuses rows from now on, writes what was put, closes the writers.
+    Process 0 of a gathered run first waits for the other processes."""
+    self.await_other_processes()
     with self.lock:
       self.closed = True  # rows logged from now on are refused, and said so
     self.drain()
@@ -225,6 +278,7 @@ def _close_all_at_exit() -> None:
   finally:
     for sink in list(_open):
       try:  # one run's failure (a full disk) never costs another its rows
+        sink.await_other_processes()
         sink.drain()
         sink.close_writers()
       except BaseException:  # noqa: BLE001

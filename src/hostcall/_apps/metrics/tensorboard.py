@@ -21,9 +21,9 @@ class TensorBoardWriter(Writer):
 
   What ``Run(writers=["tensorboard"])`` writes to
   ``<root>/<name>/tensorboard/`` (``tensorboard --logdir runs`` shows every
-  run). Where rows carry a device, its values go under
-  ``<name>/device_<id>`` (then ``/member_<k>``). Any metric name is taken as
-  a tag.
+  run). Where rows carry a process or a device, its values go under
+  ``<name>/process_<p>``, ``<name>/device_<id>`` (then ``/member_<k>``).
+  Any metric name is taken as a tag.
 
   Arguments:
     logdir: the directory of the event files.
@@ -63,12 +63,16 @@ class TensorBoardWriter(Writer):
                else [None] * len(steps))
     devices = (block.device.tolist() if block.device is not None
                else [None] * len(steps))
+    processes = (block.process.tolist() if block.process is not None
+                 else [None] * len(steps))
     for name, values in block.metrics.items():
       scalar = values.ndim == 1
       values = np.asarray(python_values(values), dtype=np.float64)
-      for row, (step, member, device) in enumerate(zip(steps, members,
-                                                       devices)):
+      for row, (step, member, device, process) in enumerate(
+          zip(steps, members, devices, processes)):
         tag = name
+        if process is not None:
+          tag += f"/process_{process}"
         if device is not None:
           tag += f"/device_{device}"
         if member is not None:

@@ -1,0 +1,86 @@
+"""``CluWriter``: a run's rows handed to a CLU ``MetricWriter`` (or any
+object with its ``write_scalars`` / ``flush`` / ``close``); CLU itself is
+never imported."""
+
+from __future__ import annotations
+
+from hostcall._apps.metrics import keys
+from hostcall._apps.metrics.block import Block
+from hostcall._apps.metrics.writer import Writer
+
+
+def is_clu_writer(value) -> bool:
+  """Whether ``value`` has CLU's ``MetricWriter`` interface (a callable
+  ``write_scalars``) and is not a hostcall ``Writer``."""
+  return (not isinstance(value, Writer)
+          and callable(getattr(value, "write_scalars", None)))
+
+
+class CluWriter(Writer):
+  """Hands a run's rows to a CLU ``clu.metric_writers.MetricWriter``, or
+  any object with its ``write_scalars(step, scalars)``, ``flush()`` and
+  ``close()``.
+
+  ``Run(writers=[clu_writer])`` wraps such an object in a ``CluWriter``
+  itself. Each step of a block is one ``write_scalars(step, {key:
+  value})``, with keys as ``MlflowWriter``'s (a vmap member's value is
+  ``<name>/member_<k>``, an array metric one key per element); ``flush``
+  and ``close`` are passed on (where the object has them).
+
+  Arguments:
+    writer: the CLU writer.
+
+  Attributes:
+    writer: that writer.
+
+  Example:
+    >>> import jax, hostcall
+    >>> class Scalars:  # CLU's MetricWriter interface, the part used here
+    ...   def __init__(self):
+    ...     self.seen = []
+    ...   def write_scalars(self, step, scalars):
+    ...     self.seen.append((step, dict(scalars)))
+    ...   def flush(self): pass
+    ...   def close(self): pass
+    >>> scalars = Scalars()
+    >>> run = hostcall.metrics.Run("doc-clu", writers=[scalars])
+    >>> _ = jax.jit(jax.vmap(lambda x: run.log(3, loss=x)))(jax.numpy.ones(2))
+    >>> run.close()
+    >>> scalars.seen
+    [(3, {'loss/member_0': 1.0, 'loss/member_1': 1.0})]
+  """
+
+  def __init__(self, writer):
+    if not is_clu_writer(writer):
+      raise TypeError(
+          f"CluWriter takes an object with CLU's MetricWriter interface "
+          f"(write_scalars(step, scalars), flush(), close()), got "
+          f"{writer!r} of type {type(writer).__name__}.")
+    self.writer = writer
+
+  def __repr__(self):
+    return f"CluWriter({self.writer!r})"
+
+  def write(self, block: Block) -> None:
+    """Calls ``write_scalars`` once per step of ``block``.
+
+    Arguments:
+      block: the rows to write.
+    """
+    for step, scalars in keys.steps(block):
+      self.writer.write_scalars(step, scalars)
+
+  def flush(self) -> None:
+    """The CLU writer's ``flush()``, where it has one."""
+    flush = getattr(self.writer, "flush", None)
+    if flush is not None:
+      flush()
+
+  def close(self) -> None:
+    """The CLU writer's ``close()`` (which flushes), where it has one;
+    else ``flush()``."""
+    close = getattr(self.writer, "close", None)
+    if close is not None:
+      close()
+    else:
+      self.flush()

@@ -1,0 +1,192 @@
+"""``MlflowWriter``: a run's rows as the metrics of one MLflow run, through
+``mlflow`` (the ``mlflow`` extra), imported when a writer is made
+(``Run(writers=["mlflow"])``)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import pathlib
+import time
+from typing import Any, Mapping
+
+from hostcall._apps.metrics import keys, registry
+from hostcall._apps.metrics.block import Block
+from hostcall._apps.metrics.writer import Writer
+
+logger = logging.getLogger("hostcall")
+
+
+def _said(exc: BaseException) -> str:
+  """What ``exc`` says, on one line, cut short (a database's error repeats
+  its SQL)."""
+  text = " ".join(str(exc).split())
+  return f"{type(exc).__name__}: {text[:300]}{'...' if len(text) > 300 else ''}"
+
+
+class MlflowWriter(Writer):
+  """The rows of a run as the metrics of one MLflow run (the ``mlflow``
+  extra), logged to the tracking store the user has set
+  (``MLFLOW_TRACKING_URI`` or ``mlflow.set_tracking_uri``), or to
+  ``tracking_uri``.
+
+  What ``Run(writers=["mlflow"])`` makes, with the hostcall run's name as
+  the MLflow run's name and the run's ``params`` as its parameters. Each
+  block of rows the writer thread hands over is one ``log_batch`` call (of
+  at most 1000 metrics, MLflow's bound; a larger block is a few calls), on
+  the writer thread, never one call per row. Metrics are keyed by name and
+  step; a vmap member's value is its own key, ``<name>/member_<k>`` (and
+  ``/device_<d>``, ``/process_<p>`` before it where rows have them), in the
+  one MLflow run; an array metric is one key per element, ``<name>/0``,
+  ``<name>/1``, ...
+
+  A tracking store that cannot be reached or refuses to write (a bad URI,
+  a read-only SQLite file) is reported as a full disk is: the failure is
+  raised by the next ``hostcall.barrier()`` as
+  ``hostcall.CallbackException``, the rows of that block are not in MLflow,
+  and the run's other writers still receive every row. A store that cannot
+  be reached when the writer is made is tried again at each block.
+
+  Arguments:
+    run_name: the MLflow run's name.
+    experiment: the MLflow experiment's name (made where missing); None
+      takes ``MLFLOW_EXPERIMENT_NAME``, else MLflow's default experiment.
+    tracking_uri: the tracking store; None takes MLflow's (the environment's
+      ``MLFLOW_TRACKING_URI`` or ``mlflow.set_tracking_uri``).
+    params: hyper-parameters, logged as the run's parameters (values as
+      text).
+    tags: the run's tags.
+
+  Attributes:
+    run_id: the MLflow run's id (None while the store has not answered).
+    client: the ``mlflow.MlflowClient`` the writer logs through (None
+      while the store's URI is refused).
+    tracking_uri: the tracking store's URI.
+
+  Raises:
+    ImportError: ``mlflow`` is not installed (``pip install
+      'hostcall[mlflow]'``).
+
+  Example:
+    >>> import numpy as np, tempfile, hostcall
+    >>> store = "sqlite:///" + tempfile.mkdtemp() + "/mlflow.db"
+    >>> writer = hostcall.metrics.MlflowWriter("doc", tracking_uri=store,
+    ...                                        params={"lr": 0.1})
+    >>> writer.write(hostcall.metrics.Block(
+    ...     step=np.array([0, 1]), metrics={"loss": np.array([1.0, 0.5])}))
+    >>> writer.close()
+    >>> [(m.step, m.value) for m in
+    ...  writer.client.get_metric_history(writer.run_id, "loss")]
+    [(0, 1.0), (1, 0.5)]
+  """
+
+  #: The most metrics one ``log_batch`` call takes (MLflow's bound).
+  BATCH = 1000
+
+  def __init__(self, run_name: str | None = None, experiment: str | None = None,
+               tracking_uri: str | None = None,
+               params: Mapping[str, Any] | None = None,
+               tags: Mapping[str, Any] | None = None):
+    self._mlflow = registry.import_extra("mlflow", "mlflow")
+    self._entities = registry.import_extra("mlflow", "mlflow.entities")
+    self._run_name = run_name
+    self._experiment = (experiment if experiment is not None
+                        else os.environ.get("MLFLOW_EXPERIMENT_NAME"))
+    self._params = dict(params or {})
+    self._tags = {str(k): str(v) for k, v in (tags or {}).items()}
+    self.tracking_uri = tracking_uri or self._mlflow.get_tracking_uri()
+    self.client = None
+    self.run_id: str | None = None
+    self._failed = False
+    try:
+      self._start()
+    except Exception as exc:  # noqa: BLE001 - reported at the next barrier
+      self._failed = True
+      self._start_failure: BaseException | None = exc
+    else:
+      self._start_failure = None
+
+  def __repr__(self):
+    return (f"MlflowWriter({self._run_name!r}, "
+            f"tracking_uri={self.tracking_uri!r})")
+
+  def _start(self) -> None:
+    """Makes the MLflow run (and its experiment) and logs its parameters."""
+    if self.client is None:
+      self.client = self._mlflow.MlflowClient(tracking_uri=self.tracking_uri)
+    experiment_id = None
+    if self._experiment is not None:
+      found = self.client.get_experiment_by_name(self._experiment)
+      experiment_id = (found.experiment_id if found is not None else
+                       self.client.create_experiment(self._experiment))
+    run = self.client.create_run(experiment_id or "0", tags=self._tags,
+                                 run_name=self._run_name)
+    self.run_id = run.info.run_id
+    params = [self._entities.Param(str(k), str(v))
+              for k, v in self._params.items()]
+    for first in range(0, len(params), 100):  # MLflow's bound on params
+      self.client.log_batch(self.run_id, params=params[first:first + 100])
+
+  def write(self, block: Block) -> None:
+    """Logs the rows of ``block`` as metrics at their steps, in
+    ``log_batch`` calls of at most ``BATCH`` metrics.
+
+    Arguments:
+      block: the rows to log.
+
+    Raises:
+      Exception: whatever the tracking store raised (reported at the next
+        barrier; the run's other writers are not affected).
+    """
+    if self.run_id is None:  # the store did not answer when made: again
+      failure, self._start_failure = self._start_failure, None
+      try:
+        self._start()
+      except Exception as exc:
+        raise RuntimeError(
+            f"MLflow tracking store {self.tracking_uri!r} could not "
+            f"start a run ({_said(exc)}); {len(block)} "
+            "row(s) were not logged to MLflow (the run's other writers have "
+            "them). Check the URI (MLFLOW_TRACKING_URI) and that the store "
+            "is reachable and writable.") from (failure or exc)
+    timestamp = int(time.time() * 1000)
+    Metric = self._entities.Metric
+    metrics = [Metric(key, float(value), timestamp, step)
+               for step, scalars in keys.steps(block)
+               for key, value in scalars.items()]
+    first = 0
+    try:
+      for first in range(0, len(metrics), self.BATCH):
+        self.client.log_batch(self.run_id,
+                              metrics=metrics[first:first + self.BATCH])
+    except Exception as exc:
+      self._failed = True
+      lost = [m.step for m in metrics[first:]]
+      raise RuntimeError(
+          f"MLflow tracking store {self.tracking_uri!r} refused the metrics "
+          f"of steps {min(lost)} to {max(lost)} ({_said(exc)}); "
+          f"{len(lost)} metric value(s) are not in MLflow run "
+          f"{self.run_id} (the run's other writers have their rows). Check "
+          "that the store is reachable and writable.") from exc
+
+  def close(self) -> None:
+    """Ends the MLflow run (``FINISHED``, or ``FAILED`` where a block could
+    not be logged). Where the store failed before (already reported), a
+    failure to end the run is logged, not raised."""
+    if self.run_id is None:
+      return
+    try:
+      self.client.set_terminated(self.run_id,
+                                 "FAILED" if self._failed else "FINISHED")
+    except Exception:
+      if not self._failed:
+        raise
+      logger.warning("hostcall: MLflow run %s could not be ended on a store "
+                     "that failed before", self.run_id, exc_info=True)
+
+
+def for_run(run_dir: pathlib.Path, name: str | None = None,
+            params: Mapping[str, Any] | None = None) -> MlflowWriter:
+  """The writer of ``Run(writers=["mlflow"])``: an MLflow run named as the
+  hostcall run (``name``, else ``run_dir``'s name), with ``params``."""
+  return MlflowWriter(run_name=name or run_dir.name, params=params)

@@ -1,0 +1,90 @@
+"""``WandbWriter``: a run's rows as the history of one Weights & Biases run,
+through ``wandb`` (the ``wandb`` extra), imported when a writer is made
+(``Run(writers=["wandb"])``)."""
+
+from __future__ import annotations
+
+import pathlib
+from typing import Any, Mapping
+
+from hostcall._apps.metrics import keys, registry
+from hostcall._apps.metrics.block import Block
+from hostcall._apps.metrics.writer import Writer
+
+
+class WandbWriter(Writer):
+  """The rows of a run as the history of one Weights & Biases run (the
+  ``wandb`` extra): ``wandb.init`` with the user's settings, one
+  ``run.log(..., step=step)`` per step, ``run.finish()`` when the hostcall
+  run closes.
+
+  What ``Run(writers=["wandb"])`` makes, with the hostcall run's name as
+  the W&B run's name and its ``params`` as the run's config; W&B's own
+  environment (``WANDB_PROJECT``, ``WANDB_MODE=offline``, ``WANDB_DIR``,
+  ..., read by W&B once a process, at its first ``wandb.init``) says the
+  rest; ``init`` arguments say it per run. Keys as ``MlflowWriter``'s: a vmap member's value is
+  ``<name>/member_<k>``, an array metric one key per element. W&B keeps
+  steps increasing: log each step once, in order (rows of a step lower
+  than one logged before are dropped by W&B, with its warning).
+
+  Offline (``WANDB_MODE=offline``) the run is written to
+  ``<WANDB_DIR>/wandb/offline-run-*/run-*.wandb``; ``wandb sync`` uploads
+  it, and ``wandb leet inspect --json <file>`` prints its records (the
+  history rows as ``{"type": "history", ...}``) without a server.
+
+  Arguments:
+    **init: ``wandb.init``'s arguments (``project``, ``mode``, ``name``,
+      ``config``, ``settings``, ...). ``reinit`` defaults to
+      ``"create_new"``, so that several hostcall runs (and the user's own
+      W&B run) each have their own W&B run.
+
+  Attributes:
+    run: the W&B run.
+
+  Raises:
+    ImportError: ``wandb`` is not installed (``pip install
+      'hostcall[wandb]'``).
+
+  Example:
+    >>> import numpy as np, os, tempfile, hostcall
+    >>> os.environ.update(WANDB_MODE="offline", WANDB_SILENT="true",
+    ...                   WANDB_DIR=tempfile.mkdtemp())
+    >>> writer = hostcall.metrics.WandbWriter(project="doc", name="fit")
+    >>> writer.write(hostcall.metrics.Block(
+    ...     step=np.array([0, 1]), metrics={"loss": np.array([1.0, 0.5])}))
+    >>> writer.close()
+    >>> writer.run.name
+    'fit'
+  """
+
+  def __init__(self, **init):
+    wandb = registry.import_extra("wandb", "wandb")
+    init.setdefault("reinit", "create_new")
+    self.run = wandb.init(**init)
+    self._closed = False
+
+  def __repr__(self):
+    return f"WandbWriter({self.run.name!r})"
+
+  def write(self, block: Block) -> None:
+    """Logs the rows of ``block``: one ``run.log`` per step, with every
+    key of that step's rows.
+
+    Arguments:
+      block: the rows to log.
+    """
+    for step, scalars in keys.steps(block):
+      self.run.log(scalars, step=step)
+
+  def close(self) -> None:
+    """Finishes the W&B run (once)."""
+    if not self._closed:
+      self._closed = True
+      self.run.finish()
+
+
+def for_run(run_dir: pathlib.Path, name: str | None = None,
+            params: Mapping[str, Any] | None = None) -> WandbWriter:
+  """The writer of ``Run(writers=["wandb"])``: a W&B run named as the
+  hostcall run, with ``params`` as its config."""
+  return WandbWriter(name=name or run_dir.name, config=dict(params or {}))
