@@ -64,9 +64,7 @@ class Deferred:
   def submit(self, plan, packs: list) -> None:
     """Hands in one program's packed outputs (device arrays, maybe not yet
     computed) to be replayed by ``plan``."""
-    size = 0
-    for p in packs:
-      size += p.nbytes
+    size = plan.nbytes
     with self._cond:
       if self._thread is None:
         self._start()

@@ -83,6 +83,11 @@ class Plan:
   slots: tuple
   _contexts: dict = dataclasses.field(default_factory=dict, repr=False)
 
+  @property
+  def nbytes(self) -> int:
+    """The size of one call's packed output."""
+    return self.slots[-1][1] if self.slots else 0
+
   def replay(self, packed: Sequence[np.ndarray], devices, run) -> None:
     """Calls ``run(target, operands, context)`` for each deferred call of
     the calls of the program whose packed outputs are ``packed`` (one

@@ -122,15 +122,18 @@ class CallbackTarget(CallTarget):
                     for a in avals)
       levels = ()
 
-    def call_once(flat):
-      args, kwargs = jax.tree_util.tree_unflatten(self.in_tree, flat)
-      result = self.callback(*args, **kwargs)
-      if result is None and not avals:
-        return []  # the common case of a callback for its effect
-      return results.check_results(
-          result, self.result_tree, avals,
-          f"{self.flavour}: the callback {self.name!r}")
-
+    if not levels:
+      return self._call_once(flat_args, avals)
     # Under vmap one host trip carries the batch; the callback sees one
     # element at a time, in index order, and the results are stacked.
-    return call_per_element(call_once, list(flat_args), levels, len(avals))
+    return call_per_element(lambda flat: self._call_once(flat, avals),
+                            list(flat_args), levels, len(avals))
+
+  def _call_once(self, flat, avals) -> list:
+    args, kwargs = jax.tree_util.tree_unflatten(self.in_tree, flat)
+    result = self.callback(*args, **kwargs)
+    if result is None and not avals:
+      return []  # the common case: a callback for its effect
+    return results.check_results(
+        result, self.result_tree, avals,
+        f"{self.flavour}: the callback {self.name!r}")

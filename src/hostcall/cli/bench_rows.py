@@ -459,6 +459,7 @@ def backward_pass(b: Bench) -> list[dict]:
     run.close()
   rows.append(_row("10. Run.log_grad a step (the norm), rows written", us,
                    ratio, None, "ratio to the same backward pass without it"))
+  return rows
 
 
 def tracking_writers(b: Bench) -> list[dict]:
@@ -520,9 +521,6 @@ ROWS = (plain_scan, jax_references, default_tap, ordered_vs_unordered,
         one_tap_per_call, big_async_tap, busy_main_thread, progress_bar,
         metrics_rows, peers, steered_loops, backward_pass, tracking_writers,
         bench_jit.jit_rows)
-
-
-        metrics_rows, peers, steered_loops, tracking_writers)
 
 
 def measure(steps: int, repeats: int) -> list[dict]:
