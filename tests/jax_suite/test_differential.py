@@ -89,16 +89,20 @@ def test_every_dtype_goes_and_comes_back(kind, dtype):
 
 @kinds
 def test_callback_called_with_too_few_arguments(kind):
-  # A documented difference: JAX fails when the computation runs, hostcall
-  # when it is traced, naming the callback, the call it would make and why.
+  # JAX fails when the computation runs, hostcall when it is traced, naming
+  # the callback, the call it would make and why; its error is also JAX's
+  # (a JaxRuntimeError, a RuntimeError), so what catches JAX's catches it.
   j, h = both(lambda cb, log: jax.jit(lambda: cb.kind(kind)(
       lambda v: np.ones(4, np.float32),
       jax.ShapeDtypeStruct((4,), np.float32)))())
-  assert isinstance(j.error, RuntimeError)
+  assert isinstance(j.error, jax.errors.JaxRuntimeError)
   assert "missing 1 required positional argument" in str(j.error)
+  assert isinstance(h.error, jax.errors.JaxRuntimeError)
   assert isinstance(h.error, TypeError)
   assert "with (nothing), which it cannot take: missing a required " \
       "argument: 'v'" in str(h.error)
+  with pytest.raises(type(j.error)):  # an except clause written for JAX's
+    raise h.error
 
 
 @kinds
