@@ -23,11 +23,37 @@ def test_snippet_runs(name, index, code, tmp_path, monkeypatch):
   hostcall.barrier()
 
 
-def test_readme_example_prints_what_it_says(capsys, tmp_path, monkeypatch):
+def shown_output(code: str) -> list[str] | None:
+  """What a snippet says it prints: each ``# prints: TEXT`` comment (on its
+  own line or after code), and the ``#         TEXT`` lines right under it
+  (aligned under the first line's text); None if it says nothing."""
+  lines, expected, shown = code.splitlines(), [], False
+  for i, line in enumerate(lines):
+    marker = line.find("# prints: ")
+    if marker >= 0:
+      shown = True
+      expected.append(line[marker + len("# prints: "):].rstrip())
+      for more in lines[i + 1:]:
+        stripped = more.lstrip()
+        if not stripped.startswith("#" + " " * 9):
+          break
+        expected.append(stripped[10:].rstrip())
+  return expected if shown else None
+
+
+SHOWN = [(name, index, code, shown_output(code))
+         for name, index, code in SNIPPETS if shown_output(code) is not None]
+
+
+def test_the_readme_shows_output():
+  assert [n for n, *_ in SHOWN].count("README.md") >= 3
+
+
+@pytest.mark.parametrize("name,index,code,expected", SHOWN,
+                         ids=[f"{n}#{i}" for n, i, *_ in SHOWN])
+def test_snippet_prints_what_it_says(name, index, code, expected, capsys,
+                                     tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
-  code = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(),
-                    re.S)[0]
-  exec(compile(code, "README.md#0", "exec"), {})
+  exec(compile(code, f"{name}#{index}", "exec"), {})
   hostcall.barrier()
-  expected = [line[2:] for line in code.splitlines() if line.startswith("# ")]
   assert capsys.readouterr().out.splitlines() == expected
