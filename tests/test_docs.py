@@ -57,3 +57,45 @@ def test_snippet_prints_what_it_says(name, index, code, expected, capsys,
   exec(compile(code, f"{name}#{index}", "exec"), {})
   hostcall.barrier()
   assert capsys.readouterr().out.splitlines() == expected
+
+
+def _resolve(name: str):
+  import importlib
+  parts = name.split(".")
+  obj = importlib.import_module(parts[0])
+  for i, part in enumerate(parts[1:], 1):
+    obj = (getattr(obj, part) if hasattr(obj, part)
+           else importlib.import_module(".".join(parts[:i + 1])))
+  return obj
+
+
+def test_every_hostcall_name_the_docs_write_exists():
+  names = {(doc.name, name) for doc in DOCS + sorted((ROOT / "docs" / "api")
+                                                     .glob("*.md"))
+           for code in re.findall(r"`([^`\n]+)`", doc.read_text())
+           for name in re.findall(r"(?<![\w.])hostcall(?:\.[A-Za-z_]\w*)+",
+                                  code)}
+  assert len(names) > 100
+  missing = []
+  for doc, name in sorted(names):
+    try:
+      _resolve(name)
+    except (AttributeError, ImportError):
+      missing.append((doc, name))
+  assert missing == []
+
+
+def test_the_readme_leads_to_getting_started_and_migration():
+  readme = (ROOT / "README.md").read_text()
+  assert "(docs/getting-started.md)" in readme
+  assert "(docs/migration.md)" in readme
+
+
+def test_the_migration_guides_renames_exist():
+  text = (ROOT / "docs" / "migration.md").read_text()
+  rows = re.findall(r"^\| `(jax\.[\w.]+)` \| `(hostcall\.[\w.]+)` \|$", text,
+                    re.M)
+  assert len(rows) == 4
+  for jax_name, hostcall_name in rows:
+    _resolve(jax_name), _resolve(hostcall_name)
+  assert ("jax.debug.callback", "hostcall.debug_callback") in rows
