@@ -99,3 +99,23 @@ def test_the_migration_guides_renames_exist():
   for jax_name, hostcall_name in rows:
     _resolve(jax_name), _resolve(hostcall_name)
   assert ("jax.debug.callback", "hostcall.debug_callback") in rows
+
+
+def test_the_api_index_names_every_public_name():
+  import importlib
+  import types
+  index = (ROOT / "docs" / "api" / "index.md").read_text()
+  submodules = [name for name in hostcall.__all__
+                if isinstance(getattr(hostcall, name), types.ModuleType)]
+  words = {3: "three", 4: "four", 5: "five", 6: "six"}
+  assert f"{words[len(submodules)]} public submodules" in index
+  missing = [f"hostcall.{name}" for name in hostcall.__all__
+             if f"`hostcall.{name}`" not in index
+             and f"[hostcall.{name}]" not in index]
+  for module_name in submodules:
+    module = importlib.import_module(f"hostcall.{module_name}")
+    row, = [line for line in index.splitlines()
+            if line.startswith(f"| [hostcall.{module_name}]")]
+    missing += [f"hostcall.{module_name}.{name}" for name in module.__all__
+                if f"`{name}`" not in row]
+  assert missing == []
