@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import logging
 import os
 import pathlib
 import shlex
@@ -32,6 +33,8 @@ import warnings
 
 import jax
 import jaxlib
+
+logger = logging.getLogger("hostcall")
 
 #: The library's sources: the tap queue, and the stop checks of steered
 #: loops (``hostcall.control``).
@@ -158,6 +161,11 @@ def _open(path: pathlib.Path):
   return lib
 
 
+#: What a build takes on a 2-core machine, said before one starts.
+BUILD_SECONDS = 10
+_building_ahead = False  # ``build()`` says it itself
+
+
 def _load_or_build():
   directory = cache_dir()
   directory.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -165,6 +173,13 @@ def _load_or_build():
   path = library_path()
   for attempt in range(2):
     if attempt or not _verified(path):
+      if not attempt and not _building_ahead:
+        # The first asynchronous tap waits for the build: say so, once (a
+        # warning, so that it shows where nothing configured logging).
+        logger.warning(
+            "hostcall: building the native tap queue, once for this jaxlib "
+            "(about %d s), into %s; `hostcall info --build` builds it ahead.",
+            BUILD_SECONDS, directory)
       _build(path)
     try:
       return _open(path)
@@ -227,6 +242,38 @@ def load():
           "slower). `hostcall info` shows this again.", HostcallNativeWarning,
           stacklevel=2)
     return _lib
+
+
+def built() -> bool:
+  """Whether the library of this jaxlib and source is in the cache."""
+  return _verified_quietly(library_path())
+
+
+def build() -> tuple[bool, str]:
+  """Builds (or loads) the library now: ``(whether it is available, one
+  line saying what happened)``."""
+  import time
+  global _building_ahead
+  fresh = not (os.environ.get("HOSTCALL_NATIVE", "1") != "0" and built())
+  start = time.monotonic()
+  _building_ahead = True
+  try:
+    lib = load()
+  finally:
+    _building_ahead = False
+  seconds = time.monotonic() - start
+  if lib is None:
+    return False, f"not available: {_error}"
+  if fresh and _error is None:
+    return True, f"built in {seconds:.1f} s: {library_path()}"
+  return True, f"already built: {library_path()}"
+
+
+def _verified_quietly(path: pathlib.Path) -> bool:
+  try:
+    return _verified(path)
+  except Exception:  # noqa: BLE001 - load() says what is wrong
+    return False
 
 
 def status() -> str:

@@ -28,11 +28,23 @@ def _supported_jax() -> str:
 
 
 def add_arguments(parser) -> None:
-  del parser  # no options
+  parser.add_argument(
+      "--build", action="store_true",
+      help="build the native tap queue now (once per jaxlib, about 10 s; "
+           "else the first asynchronous tap builds it) and say where")
 
 
 def run(args) -> int:
-  del args
+  if getattr(args, "build", False):
+    from hostcall._async import native
+    import os
+    if not native.built() and os.environ.get("HOSTCALL_NATIVE", "1") != "0":
+      print(f"native tap queue: building, once for this jaxlib (about "
+            f"{native.BUILD_SECONDS} s), into {native.cache_dir()} ...",
+            flush=True)
+    ok, line = native.build()
+    print(f"native tap queue: {line}")
+    return 0 if ok else 1
   import jax
   import jaxlib
   import numpy
