@@ -383,3 +383,16 @@ def test_loop_of_frame_finds_the_loop_tracing_a_body():
   assert seen == [("scan", 6), ("scan", 4), ("scan", 9), ("while", None),
                   ("while", None)]
   assert innermost() is None
+
+
+def test_an_ordered_effect_that_is_not_shardable():
+  from jax._src import effects
+
+  class OneDeviceProbeEffect(_jax_private.Effect):
+    pass
+
+  _jax_private.register_effect(OneDeviceProbeEffect, ordered=True,
+                               shardable=False)
+  probe = OneDeviceProbeEffect()
+  assert effects.ordered_effects.contains(probe)
+  assert not effects.shardable_ordered_effects.contains(probe)

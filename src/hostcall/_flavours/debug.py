@@ -55,7 +55,7 @@ def _stage_debug(flavour, fn, args, kwargs, ordered, partitioned):
   dynamic = [leaf for leaf in flat if is_array_like(leaf)]
   _stage.stage(flavour, _WithStatic(fn, in_tree, static), None,
                tuple(dynamic), {},
-               ordering="ordered" if ordered else "unordered",
+               ordering="debug_ordered" if ordered else "unordered",
                partitioned=partitioned, vmap_method="sequential",
                jvp_error=None)
 
