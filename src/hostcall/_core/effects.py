@@ -61,6 +61,9 @@ ORDERED = ("ordered", "io_ordered", "debug_ordered")
 HOST_EFFECT_TYPES = (OrderedHostEffect, UnorderedHostEffect,
                      OrderedDebugHostEffect)
 
+#: Those of its ordered orderings (one token each).
+ORDERED_HOST_EFFECT_TYPES = (OrderedHostEffect, OrderedDebugHostEffect)
+
 
 def effect_of(ordering: str):
   """The effect of ``ordering``, or a ``ValueError`` naming the choices."""
