@@ -506,3 +506,11 @@ def test_debug_callback_of_a_linear_value_under_transposition_like_jax():
     ct = jax.linear_transpose(f, 1.0)(1.0)
     jax.effects_barrier()
     assert float(ct[0]) == 2.0 and calls == [], name
+
+
+def test_the_reliability_page_says_how_failures_are_logged():
+  from tests.test_doc_statements import stated
+  stated("docs/reliability.md",
+         "Such a failure is logged once, with JAX's own record: on the logger "
+         "`jax._src.callback` (`jax._src.debugging` for debug callbacks), the "
+         "message exactly `jax.pure_callback failed`")
