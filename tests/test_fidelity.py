@@ -270,7 +270,7 @@ def test_the_logged_traceback_starts_at_the_host_function_and_names_the_way_back
   text = logging.Formatter().formatException(record.exc_info)
   frames = [line for line in text.splitlines() if line.startswith("  File")]
   assert len(frames) == 1 and "in broken" in frames[0]
-  assert ("hostcall.pure_callback's host function raised KeyError: "
+  assert ("the host function of hostcall.pure_callback raised KeyError: "
           "'missing-key'; `with hostcall.original_errors():`") in text
 
 

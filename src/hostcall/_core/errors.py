@@ -196,7 +196,7 @@ def for_runtime(exc: BaseException, label: str) -> BaseException:
     exc = exc.with_traceback(user_tb)
   key = _keep(exc)
   tag = _TAG.format(key)
-  note = (f"[{tag}: {label}'s host function raised {describe(exc)}; "
+  note = (f"[{tag}: the host function of {label} raised {describe(exc)}; "
           f"`with hostcall.original_errors():` around the JAX call raises "
           f"this {type(exc).__name__} itself]")
   if _carryable(exc):
@@ -238,8 +238,8 @@ def log_failure(label: str, exc: BaseException,
     logging.getLogger(_JAX_LOGGERS[jax_name]).error(
         "%s failed", jax_name, exc_info=(type(exc), exc, exc.__traceback__))
   else:
-    logger.error("%s failed (%s): %s", jax_name or label, label,
-                 describe(exc), exc_info=(type(exc), exc, exc.__traceback__))
+    logger.error("%s failed: %s", label, describe(exc),
+                 exc_info=(type(exc), exc, exc.__traceback__))
 
 
 def summary(error: BaseException) -> str | None:
