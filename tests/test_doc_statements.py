@@ -102,6 +102,8 @@ def test_asynchronous_result_less_calls_report_at_the_next_barrier(flavour):
          "call's exception is reported by the next barrier instead.")
   stated("README.md", "`host_callback` taps report at the next barrier, "
          "asynchronous calls too")
+  assert ("or the host function of a result-less call delivered "
+          "asynchronously") in re.sub(r"\s+", " ", hostcall.barrier.__doc__)
   impl = SYNC_FAILURES[flavour][1]
   with hostcall.delivery("async"):  # in force while traced
     out = jax.jit(lambda x: impl(x))(jnp.float32(2.0))  # returns at once
