@@ -2,22 +2,28 @@
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed
 
 .PHONY: venv demo test test-heavy test-legacy test-matrix test-jax bench docs clean
 
-venv: $(STAMP)
+# One venv; each extra installed into it once, with its own stamp
+# (.venv/.installed-demo, .venv/.installed-test, ...), so that `make demo`
+# installs only what the demo needs and a later `make test` adds the rest.
+venv: $(VENV)/.installed-test
 
-$(STAMP): pyproject.toml
+$(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
-	touch $(STAMP)
 
-demo: venv
+$(VENV)/.installed-%: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[$*]'
+	touch $@
+
+demo: $(VENV)/.installed-demo
 	$(BIN)/python -m hostcall demo
 
-test: venv
+# The suite prints a dot a test; say first how long it takes.
+TEST_MINUTES := 12
+test: $(VENV)/.installed-test
+	@echo "make test: about $(TEST_MINUTES) minutes on 2 CPU cores (fewer with more); one dot per test, F for a failure"
 	$(BIN)/python -m pytest -q -m "not heavy"
 
 test-heavy: venv
@@ -52,13 +58,12 @@ test-jax:
 	  touch .venv-jax-$(JAX_VERSION)/.installed )
 	.venv-jax-$(JAX_VERSION)/bin/python -m pytest -q -m "not heavy" -p no:cacheprovider
 
-bench: venv
-	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
+bench: $(VENV)/.installed-test $(VENV)/.installed-bench
 	$(BIN)/python benchmarks/run.py
 
 # The documentation site (mkdocs.yml), in strict mode: a broken link or API
 # reference fails. Also built by tests/test_docs_site.py.
-docs: venv
+docs: $(VENV)/.installed-docs
 	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict --site-dir build/site
 
 clean:

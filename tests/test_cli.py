@@ -254,3 +254,54 @@ def test_console_script_is_installed():
                         timeout=120)
   assert proc.returncode == 0, proc.stderr
   assert proc.stdout.startswith("hostcall 0.1.0\n")
+
+
+def _run(args, env, cwd=None):
+  import os
+  return subprocess.run(args, capture_output=True, text=True, timeout=300,
+                        cwd=cwd, env={**os.environ, **env})
+
+
+def test_info_build_builds_the_native_queue_ahead_and_says_so(tmp_path):
+  env = {"HOSTCALL_CACHE": str(tmp_path / "cache"), "HOSTCALL_NATIVE": "1"}
+  first = _run([sys.executable, "-m", "hostcall", "info", "--build"], env)
+  assert first.returncode == 0, first.stderr[-2000:]
+  lines = first.stdout.splitlines()
+  assert lines[0] == (f"native tap queue: building, once for this jaxlib "
+                      f"(about 10 s), into {tmp_path / 'cache'} ...")
+  assert re.fullmatch(r"native tap queue: built in \d+\.\d s: .*\.so",
+                      lines[1])
+  assert lines[2] == (f"native stop check: building, once for this jaxlib "
+                      f"(about 10 s), into {tmp_path / 'cache'} ...")
+  assert re.fullmatch(r"native stop check: built in \d+\.\d s: .*\.so",
+                      lines[3])
+  assert len(list((tmp_path / "cache").glob("*.so"))) == 2
+  again = _run([sys.executable, "-m", "hostcall", "info", "--build"], env)
+  assert again.stdout.startswith("native tap queue: already built: ")
+  # An asynchronous tap then builds nothing and says nothing.
+  tap = _run([sys.executable, "-c",
+              "import jax, hostcall\n"
+              "with hostcall.delivery('async'):\n"
+              "  jax.jit(lambda x: hostcall.debug_callback(print, x))(1.0)\n"
+              "hostcall.barrier()\n"], env)
+  assert tap.stdout == "1.0\n" and "building" not in tap.stderr
+
+
+def test_the_first_asynchronous_tap_says_it_builds_the_queue_once(tmp_path):
+  # The message comes before the build, whatever the build's outcome: a
+  # compiler that cannot run keeps this test short.
+  env = {"HOSTCALL_CACHE": str(tmp_path / "cache"), "HOSTCALL_NATIVE": "1",
+         "CXX": "/nonexistent"}
+  proc = _run([sys.executable, "-c",
+               "import jax, hostcall\n"
+               "for i in range(2):\n"
+               "  with hostcall.delivery('async'):\n"
+               "    jax.jit(lambda x: hostcall.debug_callback(print, x))(i)\n"
+               "  hostcall.barrier()\n"], env)
+  assert proc.stdout == "0\n1\n", proc.stderr[-2000:]
+  said = [line for line in proc.stderr.splitlines()
+          if "building the native tap queue" in line]
+  assert said == [
+      f"hostcall: building the native tap queue, once for this jaxlib (about "
+      f"10 s), into {tmp_path / 'cache'}; `hostcall info --build` builds it "
+      "ahead."]

@@ -43,11 +43,99 @@ def test_snippet_runs(name, index, code, tmp_path, monkeypatch):
 _EXTRAS = {"mlflow": "mlflow", "wandb": "wandb"}
 
 
-def test_readme_example_prints_what_it_says(capsys, tmp_path, monkeypatch):
+def shown_output(code: str) -> list[str] | None:
+  """What a snippet says it prints: each ``# prints: TEXT`` comment (on its
+  own line or after code), and the ``#         TEXT`` lines right under it
+  (aligned under the first line's text); None if it says nothing."""
+  lines, expected, shown = code.splitlines(), [], False
+  for i, line in enumerate(lines):
+    marker = line.find("# prints: ")
+    if marker >= 0:
+      shown = True
+      expected.append(line[marker + len("# prints: "):].rstrip())
+      for more in lines[i + 1:]:
+        stripped = more.lstrip()
+        if not stripped.startswith("#" + " " * 9):
+          break
+        expected.append(stripped[10:].rstrip())
+  return expected if shown else None
+
+
+SHOWN = [(name, index, code, shown_output(code))
+         for name, index, code in SNIPPETS if shown_output(code) is not None]
+
+
+def test_the_readme_shows_output():
+  assert [n for n, *_ in SHOWN].count("README.md") >= 3
+
+
+@pytest.mark.parametrize("name,index,code,expected", SHOWN,
+                         ids=[f"{n}#{i}" for n, i, *_ in SHOWN])
+def test_snippet_prints_what_it_says(name, index, code, expected, capsys,
+                                     tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
-  code = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(),
-                    re.S)[0]
-  exec(compile(code, "README.md#0", "exec"), {})
+  exec(compile(code, f"{name}#{index}", "exec"), {})
   hostcall.barrier()
-  expected = [line[2:] for line in code.splitlines() if line.startswith("# ")]
   assert capsys.readouterr().out.splitlines() == expected
+
+
+def _resolve(name: str):
+  import importlib
+  parts = name.split(".")
+  obj = importlib.import_module(parts[0])
+  for i, part in enumerate(parts[1:], 1):
+    obj = (getattr(obj, part) if hasattr(obj, part)
+           else importlib.import_module(".".join(parts[:i + 1])))
+  return obj
+
+
+def test_every_hostcall_name_the_docs_write_exists():
+  names = {(doc.name, name) for doc in DOCS + sorted((ROOT / "docs" / "api")
+                                                     .glob("*.md"))
+           for code in re.findall(r"`([^`\n]+)`", doc.read_text())
+           for name in re.findall(r"(?<![\w.])hostcall(?:\.[A-Za-z_]\w*)+",
+                                  code)}
+  assert len(names) > 100
+  missing = []
+  for doc, name in sorted(names):
+    try:
+      _resolve(name)
+    except (AttributeError, ImportError):
+      missing.append((doc, name))
+  assert missing == []
+
+
+def test_the_readme_leads_to_getting_started_and_migration():
+  readme = (ROOT / "README.md").read_text()
+  assert "(docs/getting-started.md)" in readme
+  assert "(docs/migration.md)" in readme
+
+
+def test_the_migration_guides_renames_exist():
+  text = (ROOT / "docs" / "migration.md").read_text()
+  rows = re.findall(r"^\| `(jax\.[\w.]+)` \| `(hostcall\.[\w.]+)` \|$", text,
+                    re.M)
+  assert len(rows) == 4
+  for jax_name, hostcall_name in rows:
+    _resolve(jax_name), _resolve(hostcall_name)
+  assert ("jax.debug.callback", "hostcall.debug_callback") in rows
+
+
+def test_the_api_index_names_every_public_name():
+  import importlib
+  import types
+  index = (ROOT / "docs" / "api" / "index.md").read_text()
+  submodules = [name for name in hostcall.__all__
+                if isinstance(getattr(hostcall, name), types.ModuleType)]
+  words = {3: "three", 4: "four", 5: "five", 6: "six"}
+  assert f"{words[len(submodules)]} public submodules" in index
+  missing = [f"hostcall.{name}" for name in hostcall.__all__
+             if f"`hostcall.{name}`" not in index
+             and f"[hostcall.{name}]" not in index]
+  for module_name in submodules:
+    module = importlib.import_module(f"hostcall.{module_name}")
+    row, = [line for line in index.splitlines()
+            if line.startswith(f"| [hostcall.{module_name}]")]
+    missing += [f"hostcall.{module_name}.{name}" for name in module.__all__
+                if f"`{name}`" not in row]
+  assert missing == []

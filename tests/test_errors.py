@@ -1,6 +1,7 @@
 """Mistakes are reported where they are made, when the program is traced, in
 the user's terms: what was expected, what came, how to fix it."""
 
+import pathlib
 import re
 import traceback
 
@@ -44,7 +45,9 @@ def test_a_tap_with_device_that_takes_no_device():
 
 def test_a_forgotten_result_shape_dtypes():
   info = _traced_error(lambda x: hostcall.pure_callback(np.sin, x), X)
-  assert info.type is TypeError
+  # A TypeError, and what JAX raises for it when the computation runs.
+  assert isinstance(info.value, TypeError)
+  assert isinstance(info.value, jax.errors.JaxRuntimeError)
   text = str(info.value)
   assert text.startswith("hostcall.pure_callback will call numpy.sin(x, /, ")
   assert "with (nothing), which it cannot take: missing a required argument: "\
@@ -144,3 +147,35 @@ def test_hostcall_scan_of_a_body_that_is_not_callable():
       scan(3, 0.0, None, length=2)
   with pytest.raises(TypeError, match="while loop's cond_fun must be callable"):
     hostcall.progress.while_loop(None, lambda c: c, 0)
+
+
+def test_an_uncaught_host_failure_ends_with_the_users_exception_and_the_way_back(
+    tmp_path):
+  # The runtime's text lists JAX's frames first and the host function's
+  # exception on its last line; hostcall's log record and the last line of
+  # an uncaught error name the exception and hostcall.original_errors().
+  import os
+  import subprocess
+  import sys
+  script = tmp_path / "fails.py"
+  script.write_text(
+      "import jax, hostcall\n"
+      "def lookup(k):\n"
+      "  raise KeyError(int(k))\n"
+      "jax.jit(lambda k: hostcall.pure_callback(\n"
+      "    lookup, jax.ShapeDtypeStruct((), k.dtype), k))(3)\n")
+  src = str(pathlib.Path(hostcall.__file__).parent.parent)
+  env = dict(os.environ, PYTHONPATH=src, JAX_PLATFORMS="cpu")
+  proc = subprocess.run([sys.executable, str(script)], capture_output=True,
+                        text=True, env=env, timeout=120)
+  assert proc.returncode == 1
+  lines = proc.stderr.strip().splitlines()
+  assert lines[0] == "jax.pure_callback failed"  # JAX's record, first
+  note = lines.index("KeyError: 3") + 1  # the host function's frames only
+  assert "raised KeyError: 3; `with hostcall.original_errors():`" in lines[note]
+  assert note < 8
+  assert lines[-1] == (
+      "hostcall: the JAX call failed because a host function raised "
+      "KeyError: 3; `with hostcall.original_errors():` around the call "
+      "raises that KeyError itself.")
+  assert "JaxRuntimeError" in proc.stderr

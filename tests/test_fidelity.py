@@ -196,6 +196,84 @@ def test_debug_callback_failure_is_logged_like_jax(caplog):
   assert "in broken" in caplog.text
 
 
+class _Records(logging.Handler):
+  """Every record of every logger, as (logger, level, message, exception)."""
+
+  def __init__(self):
+    super().__init__(level=logging.DEBUG)
+    self.records = []
+
+  def emit(self, record):
+    exc = record.exc_info[1] if record.exc_info else None
+    self.records.append((record.name, record.levelname, record.getMessage(),
+                         type(exc).__name__ if exc else None))
+
+
+@pytest.mark.parametrize("impls,call", [
+    (PURE, lambda impl, f, x: impl(f, F32, x)),
+    (IO, lambda impl, f, x: impl(f, F32, x)),
+    (IO, lambda impl, f, x: (impl(f, None, x), x)[1]),
+    (DEBUG, lambda impl, f, x: (impl(f, x), x)[1]),
+], ids=["pure", "io", "io-result-less", "debug"])
+def test_a_failure_is_logged_with_jaxs_own_record(impls, call):
+  # The same logger, level, message and exception type as JAX's record, so a
+  # filter written for JAX's (equinox's filter_jit) also takes hostcall's.
+  def broken(v):
+    raise KeyError("missing-key")
+
+  seen = {}
+  for name, impl in impls.items():
+    handler = _Records()
+    logging.getLogger().addHandler(handler)
+    try:
+      with pytest.raises(Exception, match="missing-key"):
+        jax.jit(lambda x: call(impl, broken, x))(1.0)
+    finally:
+      logging.getLogger().removeHandler(handler)
+    jax.effects_barrier()
+    seen[name] = [r for r in handler.records if r[1] == "ERROR"]
+  assert seen["hostcall"] == seen["jax"] and len(seen["jax"]) == 1
+  assert seen["jax"][0][0] in ("jax._src.callback", "jax._src.debugging")
+
+
+def test_a_filter_written_for_jaxs_record_quiets_hostcalls():
+  class QuietExpected(logging.Filter):  # as equinox's filter_jit installs
+    def filter(self, record):
+      return record.getMessage() != "jax.pure_callback failed"
+
+  def broken(v):
+    raise ValueError("expected failure")
+
+  quiet, handler = QuietExpected(), _Records()
+  logger = logging.getLogger("jax._src.callback")
+  logger.addFilter(quiet)
+  logging.getLogger().addHandler(handler)
+  try:
+    for impl in PURE.values():
+      with pytest.raises(Exception, match="expected failure"):
+        jax.jit(lambda x: impl(broken, F32, x))(1.0)
+  finally:
+    logger.removeFilter(quiet)
+    logging.getLogger().removeHandler(handler)
+  assert [r for r in handler.records if r[1] == "ERROR"] == []
+
+
+def test_the_logged_traceback_starts_at_the_host_function_and_names_the_way_back(
+    caplog):
+  def broken(v):
+    raise KeyError("missing-key")
+
+  with caplog.at_level(logging.ERROR):
+    with pytest.raises(Exception, match="missing-key"):
+      jax.jit(lambda x: hostcall.pure_callback(broken, F32, x))(1.0)
+  record, = [r for r in caplog.records if r.levelno == logging.ERROR]
+  text = logging.Formatter().formatException(record.exc_info)
+  frames = [line for line in text.splitlines() if line.startswith("  File")]
+  assert len(frames) == 1 and "in broken" in frames[0]
+  assert ("the host function of hostcall.pure_callback raised KeyError: "
+          "'missing-key'; `with hostcall.original_errors():`") in text
+
+
 # --- io callbacks: never on a branch no element takes, never twice -----------
 
 def test_io_callback_under_vmap_of_cond_is_refused_like_jax():
@@ -428,3 +506,11 @@ def test_debug_callback_of_a_linear_value_under_transposition_like_jax():
     ct = jax.linear_transpose(f, 1.0)(1.0)
     jax.effects_barrier()
     assert float(ct[0]) == 2.0 and calls == [], name
+
+
+def test_the_reliability_page_says_how_failures_are_logged():
+  from tests.test_doc_statements import stated
+  stated("docs/reliability.md",
+         "Such a failure is logged once, with JAX's own record: on the logger "
+         "`jax._src.callback` (`jax._src.debugging` for debug callbacks), the "
+         "message exactly `jax.pure_callback failed`")

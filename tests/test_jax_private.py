@@ -440,3 +440,16 @@ def test_distributed_client_is_none_until_jax_distributed_is_initialized():
   state = distributed.global_state
   assert (state.client, state.process_id, state.num_processes) == (None, 0, 1)
   assert callable(distributed.State.initialize)
+
+
+def test_an_ordered_effect_that_is_not_shardable():
+  from jax._src import effects
+
+  class OneDeviceProbeEffect(_jax_private.Effect):
+    pass
+
+  _jax_private.register_effect(OneDeviceProbeEffect, ordered=True,
+                               shardable=False)
+  probe = OneDeviceProbeEffect()
+  assert effects.ordered_effects.contains(probe)
+  assert not effects.shardable_ordered_effects.contains(probe)

@@ -471,3 +471,52 @@ def test_every_device_of_an_invocation_gets_the_same_paces(monkeypatch):
   bars.close(a, "A", 3)
   bars.close(b, "B", 3)
   assert not bars._group_paces  # forgotten with the invocation's last device
+
+
+@pytest.mark.parametrize("loop", ["while_loop", "scan"])
+def test_a_steered_loop_that_stops_closes_its_bar_marked_stopped(loop):
+  out = io.StringIO()
+  stop_when = lambda status: status.steps >= 100
+  if loop == "while_loop":
+    run = lambda: progress.while_loop(lambda c: c < 10**7, lambda c: c + 1, 0,
+                                      every=50, stop_when=stop_when, file=out,
+                                      desc="halt")
+  else:
+    run = lambda: progress.scan(lambda c, _: (c + 1, None), 0, length=10**5,
+                                every=50, stop_when=stop_when, file=out,
+                                desc="halt")
+  result = jax.jit(run)()
+  hostcall.barrier()
+  assert bool(result.stopped) and 100 <= int(result.steps) < 10**5
+  assert "stopped" in _renders(out, "halt")[-1]
+  # Not stopped: not marked.
+  out2 = io.StringIO()
+  jax.jit(lambda: progress.while_loop(lambda c: c < 200, lambda c: c + 1, 0,
+                                      every=50, stop_when=lambda s: False,
+                                      file=out2, desc="ends"))()
+  hostcall.barrier()
+  assert _renders(out2, "ends")[-1].startswith("ends: 200step")
+  assert "stopped" not in _renders(out2, "ends")[-1]
+
+
+def test_a_stopped_counter_in_a_notebook_is_not_painted_a_success():
+  # tqdm.notebook paints a bar that closes short of its total "danger", any
+  # other (a counter without a total) "success".
+  from hostcall._apps import bars as bars_module
+  painted = []
+
+  class NotebookBar:  # what tqdm.notebook.tqdm does on close
+    total, n = None, 0
+    def set_postfix_str(self, s, refresh=True):
+      painted.append(("postfix", s))
+    def close(self):
+      painted.append(("style", "success"))
+    def disp(self, bar_style=None, check_delay=True):
+      painted.append(("style", bar_style))
+  NotebookBar.__module__ = "tqdm.notebook"
+
+  bar = bars_module._Bar.__new__(bars_module._Bar)
+  bar.tqdm = NotebookBar()
+  bar.finish(stopped=True)
+  assert painted == [("postfix", "stopped"), ("style", "success"),
+                     ("style", "danger")]

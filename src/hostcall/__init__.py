@@ -13,7 +13,7 @@ Public API:
 * ``hostcall.host_callback``: the legacy ``jax.experimental.host_callback``
   API (``id_tap``, ``id_print``, ``call``, ``barrier_wait``) on modern JAX.
 * ``hostcall.barrier()``: wait for every callback started so far and raise
-  what tap functions raised.
+  what tap functions (and asynchronous result-less calls) raised.
 * ``hostcall.set_delivery`` / ``hostcall.delivery``: synchronous taps (the
   default) or asynchronous ones (queued, delivered by a host thread, the
   device never waiting for Python); ``hostcall.set_queue_capacity``,

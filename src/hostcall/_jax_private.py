@@ -317,8 +317,12 @@ def broadcast_batched(x, axis_data, dim):
   return _batching.moveaxis(x, dim, 0)
 
 
-def register_effect(effect_type: type, *, ordered: bool) -> None:
-  """Declares ``effect_type`` legal everywhere a JAX callback effect is."""
+def register_effect(effect_type: type, *, ordered: bool,
+                    shardable: bool = True) -> None:
+  """Declares ``effect_type`` legal everywhere a JAX callback effect is
+  (``shardable``: an ordered effect allowed in a computation over several
+  devices, as JAX's ordered io callbacks; JAX's ordered debug callbacks are
+  not)."""
   for registry in (
       _effects.lowerable_effects,
       _effects.control_flow_allowed_effects,
@@ -331,7 +335,8 @@ def register_effect(effect_type: type, *, ordered: bool) -> None:
     registry.add_type(effect_type)
   if ordered:
     _effects.ordered_effects.add_type(effect_type)
-    _effects.shardable_ordered_effects.add_type(effect_type)
+    if shardable:
+      _effects.shardable_ordered_effects.add_type(effect_type)
 
 
 def require_devices_during_lowering(primitive) -> None:

@@ -1,14 +1,18 @@
 """Progress bars for loops inside compiled JAX programs (tqdm underneath).
 
-Wrap the loop::
+Wrap the loop:
 
-    carry, ys = hostcall.progress.scan(step, init, xs, desc="fit")
-    carry = hostcall.progress.fori_loop(0, n, body, init)
-    carry = hostcall.progress.while_loop(cond, body, init)
+```python
+carry, ys = hostcall.progress.scan(step, init, xs, desc="fit")
+carry = hostcall.progress.fori_loop(0, n, body, init)
+carry = hostcall.progress.while_loop(cond, body, init)
+```
 
-or decorate a body whose loop call you cannot change::
+or decorate a body whose loop call you cannot change:
 
-    jax.lax.scan(hostcall.progress.track(step, total=n), init, xs)
+```python
+jax.lax.scan(hostcall.progress.track(step, total=n), init, xs)
+```
 """
 
 from hostcall._apps.progress import (close_all, fori_loop, scan, track,

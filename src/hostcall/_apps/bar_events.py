@@ -92,9 +92,12 @@ class _Close(_BarTap):
   bufferable = False
 
   def deliver(self, flat_args, context):
-    handle, count, _ = flat_args
+    handle, count, _, *reason = flat_args
+    # A steered loop's reason: not 0 where it stopped early (all lanes
+    # stop together).
+    stopped = bool(reason) and bool(np.any(np.asarray(reason[0]) != 0))
     _bars.bars.close(_handle(handle), context.device, _bars.last_count(count),
-                     _bars.lanes_of(context))
+                     _bars.lanes_of(context), stopped=stopped)
     return ()
 
 
@@ -208,12 +211,17 @@ def ticks(stop, tqdm_options) -> bool:
               and (stop is None or stop.stop_when is None))
 
 
-def close_bar(site, handle, count, results):
+def close_bar(site, handle, count, results, reason=None):
+  """Closes the bar when the loop ends; ``reason``: a steered loop's (not 0
+  where it stopped early: the bar is marked ``stopped``)."""
   # The runtime starts an operation when its input buffers are ready, and
   # XLA may know a loop's final step count without running it (an induction
   # variable): reading the loop's results makes the close wait for its end.
-  bind([handle, count, _witness(results)], target=_Close(site),
-       kind="call", delivery="async", ordering="unordered")
+  operands = [handle, count, _witness(results)]
+  if reason is not None:
+    operands.append(reason)
+  bind(operands, target=_Close(site), kind="call", delivery="async",
+       ordering="unordered")
 
 
 def finish(site, handle, reason) -> None:

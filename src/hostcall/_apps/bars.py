@@ -103,6 +103,12 @@ class _Bar:
     if stopped:
       self.tqdm.set_postfix_str("stopped", refresh=False)
     self.tqdm.close()
+    if stopped and self.tqdm.total is None:
+      # A notebook's widget marks a bar that closed short of its total as
+      # failed, any other as a success: a stopped counter is no success.
+      paint = getattr(self.tqdm, "disp", None)
+      if paint is not None and type(self.tqdm).__module__ == "tqdm.notebook":
+        paint(bar_style="danger", check_delay=False)
     self.tqdm = None
 
 
@@ -188,14 +194,16 @@ class Bars:
       bar.show()
 
   def close(self, handle: int, device, count: int,
-            lanes: int | None = None) -> None:
+            lanes: int | None = None, stopped: bool = False) -> None:
+    """The loop ended on ``device`` after ``count`` steps (``stopped``: a
+    steered loop stopped early, which its bar shows)."""
     with self._lock:
       bar = self._open.get(handle, (None,))[0]
       if bar is not None and bar.is_open:
         bar.counts[device] = count
         bar.lanes = lanes
         bar.running.pop(device, None)
-      self._end(handle)
+      self._end(handle, stopped=stopped)
 
   def step(self, site: int, device, steps: int, lanes: int | None,
            context=None) -> None:

@@ -138,7 +138,8 @@ def scan(f: Callable, init, xs=None, length: int | None = None,
   (count, carry), ys = out[:2]
   if stop is not None:
     _events.finish(site, handle, out[2])
-  _events.close_bar(site, handle, count, (carry, ys))
+  _events.close_bar(site, handle, count, (carry, ys),
+                    None if stop is None else out[2])
   if stop is None:
     return carry, ys
   return _control.Result((carry, ys), out[2] != 0, count, out[2])
@@ -290,7 +291,8 @@ def _while(cond_fun, body_fun, init_val, total, *, desc, every, unit, leave,
       (count, init_val, jnp.int32(0), jnp.int32(0)))
   if stop is not None:
     _events.finish(site, handle, reason)
-  _events.close_bar(site, handle, count, carry)
+  _events.close_bar(site, handle, count, carry,
+                    None if stop is None else reason)
   if stop is None:
     return carry
   return _control.Result(carry, reason != 0, count, reason)

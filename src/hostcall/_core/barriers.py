@@ -52,8 +52,12 @@ def settle() -> None:
 def barrier(logging_name: str | None = None) -> None:
   """Waits until every callback started before it has run on the host.
 
-  Raises ``CallbackException`` if a tap function raised since the last
-  barrier, with the last exception's text and traceback.
+  Raises ``CallbackException`` if a tap function (``id_tap``, ``id_print``)
+  raised since the last barrier, or the host function of a result-less call
+  delivered asynchronously (``debug_callback``, ``debug_print``,
+  ``io_callback`` without results, under ``hostcall.delivery("async")``),
+  with the last exception's text and traceback. Synchronous calls of JAX's
+  callbacks fail their JAX call instead, as in JAX.
 
   Called from a signal handler that interrupted a host function (say, a
   ``SIGTERM`` handler's ``hostcall.barrier(); sys.exit()`` during a

@@ -163,19 +163,22 @@ def _zeros(result_avals) -> tuple:
 
 def _stop_computation(target, exc: BaseException) -> BaseException:
   """Logs ``exc`` and returns what to raise into the runtime for it."""
+  failure = errors.for_runtime(exc, target.label)
   if target.containable:  # else: a contained failure, logged when it came
-    errors.log_failure(target.label, exc, target.jax_name)
+    errors.log_failure(target.label, failure, target.jax_name)
   run_hooks(_abort_hooks)
-  if isinstance(exc, SystemExit):
-    _exit_if_uncaught()
-  return errors.for_runtime(exc, target.label)
+  _summarise_if_uncaught()
+  return failure
 
 
-def _exit_if_uncaught() -> None:
-  """Makes the JAX error that a ``SystemExit`` becomes (the runtime carries
-  no other kind) end the process with the ``SystemExit``'s status where no
-  one catches it: else ``sys.exit(6)`` in a signal handler would end it
-  with 1, the status of any uncaught error."""
+def _summarise_if_uncaught() -> None:
+  """Installs hostcall's ``sys.excepthook`` (once): where no one catches
+  the JAX error a host function's failure became, it ends with one line
+  naming that failure and ``hostcall.original_errors()`` (the runtime's
+  text shows it last, under JAX's frames); and a ``SystemExit``'s JAX error
+  ends the process with the status ``sys.exit()`` asked for (the runtime
+  carries no other kind; else ``sys.exit(6)`` in a signal handler would
+  end it with 1, the status of any uncaught error)."""
   if not _excepthook_before:
     _excepthook_before.append(sys.excepthook)
     sys.excepthook = _excepthook
@@ -189,3 +192,9 @@ def _excepthook(exc_type, error, tb) -> None:
     # already, it is not printed again, as sys.exit() prints nothing.
     raise original
   _excepthook_before[0](exc_type, error, tb)
+  line = errors.summary(error) if original is not None else None
+  if line is not None:
+    try:
+      sys.stderr.write(line + "\n")
+    except Exception:  # noqa: BLE001 - a closed stderr at exit
+      pass

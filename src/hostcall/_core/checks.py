@@ -30,11 +30,25 @@ def _name(fn) -> str:
   return name or repr(fn)
 
 
+class CallbackArgumentsError(TypeError, jax.errors.JaxRuntimeError):
+  """A callback that cannot take the arguments its call gives it, refused
+  when traced. Also a ``jax.errors.JaxRuntimeError`` (a ``RuntimeError``),
+  what JAX's callbacks raise for it when the computation runs, so code that
+  catches JAX's error catches this one too."""
+
+  def __init__(self, message: str):
+    super().__init__(message)
+    self._error_message = message  # what JaxRuntimeError's str() shows
+
+  __str__ = TypeError.__str__
+
+
 def check_arguments(fn: Callable, args: Sequence, kwargs: dict, what: str,
-                    fix: str) -> None:
-  """Raises ``TypeError`` when the trace already shows that ``fn`` cannot
-  take the arguments its host call will give it (``args``/``kwargs``:
-  placeholders of the right number and names), saying how to fix it."""
+                    fix: str, error: type = TypeError) -> None:
+  """Raises ``error`` (a ``TypeError``) when the trace already shows that
+  ``fn`` cannot take the arguments its host call will give it
+  (``args``/``kwargs``: placeholders of the right number and names), saying
+  how to fix it."""
   try:
     signature = inspect.signature(fn)
   except (TypeError, ValueError):
@@ -43,7 +57,7 @@ def check_arguments(fn: Callable, args: Sequence, kwargs: dict, what: str,
     signature.bind(*args, **kwargs)
   except TypeError as exc:
     given = ", ".join([*args, *(f"{k}=..." for k in kwargs)]) or "nothing"
-    raise TypeError(
+    raise error(
         f"{what} will call {_name(fn)}{signature} with ({given}), which it "
         f"cannot take: {exc}. {fix}") from None
 

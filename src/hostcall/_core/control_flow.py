@@ -1,15 +1,17 @@
-"""``vmap`` of a ``while_loop`` whose condition calls the host.
+"""``vmap`` of a ``while_loop`` whose condition makes an ordered host call.
 
-JAX lowers a while loop whose condition has effects by evaluating the
-condition once before the loop and once at the end of every iteration,
+JAX lowers a while loop whose condition has ordered effects by evaluating
+the condition once before the loop and once at the end of every iteration,
 carrying the predicate; when ``vmap`` has batched that predicate, this path
 reduces it with ``or`` and never selects per lane, so lanes that have
 finished keep advancing (a tap in the condition would change the result).
 Without ordered effects, the other path evaluates the condition twice per
-iteration (a tap would run twice).
+iteration, which hostcall's unordered calls (``debug_callback``,
+``debug_print``) keep, as JAX's own do.
 
 hostcall makes the same rewrite one step earlier, in the batching rule of
-``while``, when the condition holds a hostcall: the condition runs before
+``while``, when the condition holds an ordered hostcall (a legacy tap, an
+ordered debug callback): the condition runs before
 the loop and at the end of each iteration's body, its predicate becomes part
 of the carry, and the new loop's condition (just that predicate) has no
 effect, so JAX's usual batching selects each lane's carry and predicate.
@@ -111,7 +113,8 @@ def _while_batching_rule(axis_data, args, dims, *, cond_nconsts, cond_jaxpr,
 
 def install(host_effects: tuple[type, ...]) -> None:
   """Takes over ``while``'s batching rule for conditions holding one of
-  ``host_effects`` (hostcall's effect types); others go to JAX's rule."""
+  ``host_effects`` (hostcall's ordered effect types); others go to JAX's
+  rule."""
   global _HOST_EFFECTS
   _HOST_EFFECTS = host_effects
   _jax_private.fancy_primitive_batchers[primitives.while_p] = _while_batching_rule

@@ -2,6 +2,10 @@
 
 * ``"ordered"``: sequenced with every other ordered hostcall (JAX threads a
   token through the program for it); never elided or duplicated.
+* ``"debug_ordered"``: the same for ``debug_callback(ordered=True)`` and
+  ``debug_print(ordered=True)``, with its own token, and refused by JAX in a
+  computation over several devices, as JAX's ordered debug callbacks are
+  ("ordered effects are not supported for more than 1 device").
 * ``"unordered"``: never elided, but free to move between each other.
 * ``"pure"``: no effect; elided, duplicated or moved like any pure operation.
 * ``"io"`` / ``"io_ordered"``: JAX's own ``io_callback`` effects, so that
@@ -32,19 +36,33 @@ class UnorderedHostEffect(_jax_private.Effect):
   __str__ = lambda self: "Hostcall"  # noqa: E731
 
 
+class OrderedDebugHostEffect(_jax_private.Effect):
+  """Ordered debug callbacks: in program order on one device; a computation
+  over several devices refuses them, as JAX refuses its own."""
+
+  __str__ = lambda self: "HostcallOrderedDebug"  # noqa: E731
+
+
 _jax_private.register_effect(OrderedHostEffect, ordered=True)
 _jax_private.register_effect(UnorderedHostEffect, ordered=False)
+_jax_private.register_effect(OrderedDebugHostEffect, ordered=True,
+                             shardable=False)
 
 #: Each ordering's effect (None: pure).
 EFFECTS = {"ordered": OrderedHostEffect(), "unordered": UnorderedHostEffect(),
+           "debug_ordered": OrderedDebugHostEffect(),
            "pure": None, "io": _jax_private.IO_EFFECT,
            "io_ordered": _jax_private.ORDERED_IO_EFFECT}
 
 #: The orderings whose calls thread a token (run in program order).
-ORDERED = ("ordered", "io_ordered")
+ORDERED = ("ordered", "io_ordered", "debug_ordered")
 
 #: The effect types of hostcall's own orderings.
-HOST_EFFECT_TYPES = (OrderedHostEffect, UnorderedHostEffect)
+HOST_EFFECT_TYPES = (OrderedHostEffect, UnorderedHostEffect,
+                     OrderedDebugHostEffect)
+
+#: Those of its ordered orderings (one token each).
+ORDERED_HOST_EFFECT_TYPES = (OrderedHostEffect, OrderedDebugHostEffect)
 
 
 def effect_of(ordering: str):

@@ -185,17 +185,20 @@ def _user_frames(tb):
 def for_runtime(exc: BaseException, label: str) -> BaseException:
   """What to raise into the runtime for ``exc``, a host function's failure.
 
-  The original, tagged with a note naming its id, when the runtime can
-  carry it (so the error text is the one JAX users know); otherwise a
-  ``HostFunctionError`` carrying an escaped rendering and the same tag.
+  The original, its traceback starting at the host function and with a note
+  that names its id and how to get it back (``hostcall.original_errors()``),
+  when the runtime can carry it (so the error text is the one JAX users
+  know); otherwise a ``HostFunctionError`` carrying an escaped rendering
+  and the same tag.
   """
   user_tb = _user_frames(exc.__traceback__)
   if user_tb is not None:
     exc = exc.with_traceback(user_tb)
   key = _keep(exc)
   tag = _TAG.format(key)
-  note = (f"[{tag}: `with hostcall.original_errors():` around the JAX call "
-          f"raises this {type(exc).__name__} itself]")
+  note = (f"[{tag}: the host function of {label} raised {describe(exc)}; "
+          f"`with hostcall.original_errors():` around the JAX call raises "
+          f"this {type(exc).__name__} itself]")
   if _carryable(exc):
     try:
       notes = list(getattr(exc, "__notes__", None) or [])
@@ -210,17 +213,44 @@ def for_runtime(exc: BaseException, label: str) -> BaseException:
   return replacement
 
 
+# The loggers and words JAX logs a failed host function with (its
+# ``logger.exception`` in jax/_src/callback.py and debugging.py), so that a
+# filter written for JAX's record (equinox installs one) also takes ours.
+_JAX_LOGGERS = {"jax.pure_callback": "jax._src.callback",
+                "jax.io_callback": "jax._src.callback",
+                "jax.debug.callback": "jax._src.debugging"}
+
+
 def log_failure(label: str, exc: BaseException,
                 jax_name: str | None = None) -> None:
-  """Logs a failed host call at ERROR, with its traceback, as JAX does (and
-  with JAX's words, ``jax.pure_callback failed``, where it stands in for a
-  JAX function)."""
-  if jax_name:
-    label = f"{jax_name} failed ({label})"
+  """Logs a failed host call at ERROR, with its traceback.
+
+  Where it stands in for a JAX function (``jax_name``), the record is
+  JAX's own: on JAX's logger, the message ``"<jax_name> failed"`` and the
+  exception as ``exc_info`` (hostcall's pointers ride on the exception's
+  notes, which the traceback shows). Otherwise on the ``hostcall`` logger,
+  naming ``label``. An exception whose text a stream cannot carry is
+  logged as a ``HostFunctionError`` with an escaped rendering."""
+  if not _carryable(exc):
+    exc = HostFunctionError(
+        f"{label}: the host function raised {format_safely(exc)}")
+  if jax_name in _JAX_LOGGERS:
+    logging.getLogger(_JAX_LOGGERS[jax_name]).error(
+        "%s failed", jax_name, exc_info=(type(exc), exc, exc.__traceback__))
   else:
-    label = f"{label} failed"
-  logger.error("%s: %s\n%s", label, describe(exc),
-               format_safely(exc).rstrip())
+    logger.error("%s failed: %s", label, describe(exc),
+                 exc_info=(type(exc), exc, exc.__traceback__))
+
+
+def summary(error: BaseException) -> str | None:
+  """One line saying which host function's exception failed the JAX call
+  ``error`` and how to get it back, or None when no host function did."""
+  original = original_error(error)
+  if original is None or original is error:
+    return None
+  return (f"hostcall: the JAX call failed because a host function raised "
+          f"{describe(original)}; `with hostcall.original_errors():` around "
+          f"the call raises that {type(original).__name__} itself.")
 
 
 def _shows(text: str, original: BaseException) -> bool:

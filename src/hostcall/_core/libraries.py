@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import logging
 import os
 import pathlib
 import shlex
@@ -36,6 +37,7 @@ import stat
 import subprocess
 import tempfile
 import threading
+import time
 import warnings
 
 import jax
@@ -144,6 +146,12 @@ def _build(target: pathlib.Path, sources) -> None:
 
 
 
+#: What a build takes on a 2-core machine, said before one starts.
+BUILD_SECONDS = 10
+
+logger = logging.getLogger("hostcall")
+
+
 class Library:
   """One native library: its sources, the C functions Python calls (and
   their ctypes signatures), and its FFI handlers by the emission table's
@@ -171,6 +179,7 @@ class Library:
     self._lock = threading.Lock()
     self._lib = None
     self.error: str | None = None
+    self._building_ahead = False  # ``build()`` says it itself
 
   def path(self) -> pathlib.Path:
     """Where this build of the library is cached (its jaxlib and sources'
@@ -202,6 +211,13 @@ class Library:
     path = self.path()
     for attempt in range(2):
       if attempt or not _verified(path):
+        if not attempt and not self._building_ahead:
+          # The first call that needs it waits for the build: say so, once
+          # (a warning, so that it shows where nothing configured logging).
+          logger.warning(
+              "hostcall: building the native %s, once for this jaxlib "
+              "(about %d s), into %s; `hostcall info --build` builds it "
+              "ahead.", self.what, BUILD_SECONDS, directory)
         _build(path, self.sources)
       try:
         return self._open(path)
@@ -236,6 +252,31 @@ class Library:
             f"({self.error}); {self.fallback}. `hostcall info` shows this "
             "again.", HostcallNativeWarning, stacklevel=3)
       return self._lib
+
+  def built(self) -> bool:
+    """Whether this build of the library is in the cache, verified."""
+    try:
+      return _verified(self.path())
+    except Exception:  # noqa: BLE001 - load() says what is wrong
+      return False
+
+  def build(self) -> tuple[bool, str]:
+    """Builds (or loads) the library now: ``(whether it is available, one
+    line saying what happened)``."""
+    fresh = not (os.environ.get("HOSTCALL_NATIVE", "1") != "0"
+                 and self.built())
+    start = time.monotonic()
+    self._building_ahead = True
+    try:
+      lib = self.load()
+    finally:
+      self._building_ahead = False
+    seconds = time.monotonic() - start
+    if lib is None:
+      return False, f"not available: {self.error}"
+    if fresh:
+      return True, f"built in {seconds:.1f} s: {self.path()}"
+    return True, f"already built: {self.path()}"
 
   def status(self) -> str:
     """One line: the library in use, or why its fallback is."""

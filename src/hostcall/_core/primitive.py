@@ -44,7 +44,7 @@ from hostcall._async import delivery as deliveries
 from hostcall._core import (calls, collecting, control_flow, lifting,
                            lowering)
 from hostcall._core.context import batch_levels, make_context
-from hostcall._core.effects import HOST_EFFECT_TYPES, effect_of
+from hostcall._core.effects import ORDERED_HOST_EFFECT_TYPES, effect_of
 from hostcall._core.targets import VECTORISED, HostTarget
 from hostcall._core.tangents import instantiate
 
@@ -284,4 +284,4 @@ _jax_private.primitive_jvps[hostcall_p] = _jvp_rule
 _jax_private.primitive_transposes[hostcall_p] = _transpose_rule
 _jax_private.partial_eval_jaxpr_custom_rules[hostcall_p] = _remat_rule
 _jax_private.register_lowering(hostcall_p, lowering.lower, cacheable=False)
-control_flow.install(HOST_EFFECT_TYPES)
+control_flow.install(ORDERED_HOST_EFFECT_TYPES)

@@ -14,8 +14,8 @@ from hostcall._derivatives import linear
 from hostcall._derivatives.rules import HostFunction
 from hostcall._core import results
 from hostcall._flavours._target import VMAP_METHODS, CallbackTarget
-from hostcall._core.checks import (check_arguments, check_callable,
-                                       check_operands)
+from hostcall._core.checks import (CallbackArgumentsError, check_arguments,
+                                   check_callable, check_operands)
 
 def check_vmap_method(vmap_method) -> None:
   allowed = [*VMAP_METHODS, None]
@@ -38,8 +38,10 @@ def _check_callback_arguments(flavour, callback, result_shape_dtypes, args,
             "x.dtype), x).")
   fn = callback.fn if isinstance(callback, HostFunction) else (
       callback)
+  # JAX fails the computation with a JaxRuntimeError when it runs; the
+  # early error is also one, so that what catches JAX's catches it.
   check_arguments(fn, names, dict.fromkeys(kwargs, None),
-                  f"hostcall.{flavour}", fix)
+                  f"hostcall.{flavour}", fix, error=CallbackArgumentsError)
   if isinstance(callback, HostFunction):
     for rule, second in ((callback.jvp, "tangents"), (callback.vjp,
                                                       "cotangent")):

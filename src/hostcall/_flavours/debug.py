@@ -50,18 +50,19 @@ class _WithStatic(KeyedFields):
 
 
 def stage_debug(flavour: str, fn: Callable, args: tuple, kwargs: dict,
-                ordered: bool, partitioned: bool,
+                ordering: str, partitioned: bool,
                 vmap_method: str = "sequential") -> None:
   """Stages the result-less call ``fn(*args, **kwargs)`` as the debug
   flavours do: array leaves are operands, other leaves (text, ``None``)
-  are kept on the host side."""
+  are kept on the host side. ``ordering``: the call's effect (see
+  ``hostcall._core.effects``)."""
   flat, in_tree = jax.tree_util.tree_flatten((args, kwargs))
   static = {i: leaf for i, leaf in enumerate(flat) if not is_array_like(leaf)}
   dynamic = [leaf for leaf in flat if is_array_like(leaf)]
   _stage.stage(flavour, _WithStatic(fn, in_tree, static), None,
                tuple(dynamic), {},
-               ordering="ordered" if ordered else "unordered",
-               partitioned=partitioned, vmap_method=vmap_method,
+               ordering=ordering, partitioned=partitioned,
+               vmap_method=vmap_method,
                jvp_error=None)
 
 
@@ -102,8 +103,9 @@ def debug_callback(callback: Callable[..., None] | None = None, *args: Any,
                     dict.fromkeys(c_kwargs, None), "hostcall.debug_callback",
                     "debug_callback calls callback(*args, **kwargs) with the "
                     "arguments given after it.")
-    stage_debug("debug_callback", fn, c_args, c_kwargs, ordered,
-                 partitioned)
+    # Ordered as JAX orders its debug callbacks: refused on several devices.
+    stage_debug("debug_callback", fn, c_args, c_kwargs,
+                "debug_ordered" if ordered else "unordered", partitioned)
 
   return _one_or_two_calls("debug_callback", staged, callback, args, kwargs)
 
@@ -231,7 +233,7 @@ def debug_print(fmt: str | None = None, *args: Any, ordered: bool = False,
   """
   def staged(fmt: str, *c_args, **c_kwargs):
     printer = make_printer(fmt, c_args, c_kwargs, skip_format_check)
-    stage_debug("debug_print", printer, c_args, c_kwargs, ordered,
-                partitioned)
+    stage_debug("debug_print", printer, c_args, c_kwargs,
+                "debug_ordered" if ordered else "unordered", partitioned)
 
   return _one_or_two_calls("debug_print", staged, fmt, args, kwargs)

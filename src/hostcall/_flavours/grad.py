@@ -42,6 +42,12 @@ def _check_watched(x, who: str) -> None:
           f"step, an index) to the host function as arguments after x.")
 
 
+def _ordering(ordered: bool) -> str:
+  # Ordered per device, as id_tap is (also under pmap and shard_map): the
+  # backward pass's calls in their order on every device.
+  return "ordered" if ordered else "unordered"
+
+
 def on_backward(x: Any, args: Any, stage: Callable[[Any, Any], None]) -> Any:
   """``x`` unchanged; where the program is differentiated, its backward pass
   traces ``stage(cotangent_of_x, args)`` with the cotangent reaching ``x``
@@ -172,7 +178,7 @@ def grad_callback(callback: Callable[..., None], x: Any, *args: Any,
     saved_args, saved_kwargs = saved
     with deliveries.delivery(mode):
       stage_debug("grad_callback", callback, (cotangent, *saved_args),
-                  saved_kwargs, ordered, partitioned, vmap_method)
+                  saved_kwargs, _ordering(ordered), partitioned, vmap_method)
 
   return on_backward(x, (args, kwargs), stage)
 
@@ -217,6 +223,6 @@ def grad_print(fmt: str, x: Any, *args: Any, ordered: bool = True,
     saved_args, saved_kwargs = saved
     with deliveries.delivery(mode):
       stage_debug("grad_print", printer, (cotangent, *saved_args),
-                  saved_kwargs, ordered, partitioned, vmap_method)
+                  saved_kwargs, _ordering(ordered), partitioned, vmap_method)
 
   return on_backward(x, (args, kwargs), stage)

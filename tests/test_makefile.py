@@ -1,0 +1,67 @@
+"""The Makefile's set-up: `make demo` installs only the demo's extra, `make
+test` the test extra, each once, in either order (dry runs: `make -n`)."""
+
+import pathlib
+import shutil
+import subprocess
+
+import pytest
+
+ROOT = pathlib.Path(__file__).parent.parent
+
+pytestmark = pytest.mark.skipif(shutil.which("make") is None,
+                                reason="no make")
+
+
+@pytest.fixture
+def checkout(tmp_path):
+  for name in ("Makefile", "pyproject.toml"):
+    shutil.copy(ROOT / name, tmp_path / name)
+  return tmp_path
+
+
+def _dry(checkout, target):
+  proc = subprocess.run(["make", "-n", target, "PYTHON=python3"],
+                        cwd=checkout, capture_output=True, text=True,
+                        timeout=60)
+  assert proc.returncode == 0, proc.stderr
+  return proc.stdout
+
+
+def _installs(commands: str) -> list[str]:
+  return [line.split("-e ")[1] for line in commands.splitlines()
+          if "pip install" in line]
+
+
+def _do(checkout, target):
+  """Runs what ``make target`` would install, as the stamps it leaves."""
+  (checkout / ".venv" / "bin").mkdir(parents=True, exist_ok=True)
+  (checkout / ".venv" / "bin" / "python").touch()
+  for extra in _installs(_dry(checkout, target)):
+    (checkout / ".venv" / f".installed-{extra[3:-2]}").touch()
+
+
+def test_demo_installs_only_the_demo_extra_and_starts_the_demo(checkout):
+  commands = _dry(checkout, "demo")
+  assert _installs(commands) == ["'.[demo]'"]
+  assert commands.splitlines()[-1] == ".venv/bin/python -m hostcall demo"
+
+
+def test_test_installs_the_test_extra_and_says_how_long(checkout):
+  commands = _dry(checkout, "test")
+  assert _installs(commands) == ["'.[test]'"]
+  assert "make test: about 12 minutes on 2 CPU cores" in commands
+
+
+@pytest.mark.parametrize("first,then,installs", [
+    ("demo", "test", ["'.[test]'"]),
+    ("test", "demo", ["'.[demo]'"]),
+    ("demo", "demo", []),
+    ("test", "test", []),
+])
+def test_each_extra_is_installed_once_in_either_order(checkout, first, then,
+                                                      installs):
+  _do(checkout, first)
+  commands = _dry(checkout, then)
+  assert _installs(commands) == installs
+  assert "-m venv" not in commands  # the one venv is kept
