@@ -166,7 +166,8 @@ def grad_callback(callback: Callable[..., None], x: Any, *args: Any,
     18.0
   """
   check_callable(callback, "grad_callback's callback")
-  check_arguments(callback, ["cotangent", *(f"arg{i}" for i in range(len(args)))],
+  check_arguments(callback,
+                  ["cotangent", *(f"arg{i}" for i in range(len(args)))],
                   dict.fromkeys(kwargs, None), "hostcall.grad_callback",
                   "grad_callback calls callback(cotangent, *args, **kwargs) "
                   "with the cotangent of x and the arguments given after x.")
