@@ -389,3 +389,26 @@ def test_slow_host_functions_bound_what_waits_and_lose_nothing():
     hostcall.barrier()
     deferred.capacity = before
   assert seen == [float(i) for i in range(300)]
+
+
+def test_two_metrics_rows_a_call_keep_their_order_and_steps(tmp_path):
+  # Rows of two Run.log sites, logged without steps: each call's rows come
+  # before the next call's, numbered as jax.jit's calls number them.
+  frames = {}
+  for name, jit in (("jax", jax.jit), ("hostcall", hostcall.jit)):
+    with hostcall.metrics.Run(name, root=str(tmp_path),
+                              writers=["memory"]) as run:
+      def program(x):
+        run.log(loss=x.sum())
+        run.log(acc=x.mean())
+        return x
+
+      compiled = jit(program)
+      for i in range(3):
+        compiled(np.float32([1, 2, 3]) + i)
+      hostcall.barrier()
+      frames[name] = run.dataframe().to_dict("list")
+  assert frames["hostcall"]["step"] == [0, 1, 2, 3, 4, 5]
+  assert frames["hostcall"]["loss"][::2] == [6.0, 9.0, 12.0]
+  assert frames["hostcall"]["acc"][1::2] == [2.0, 3.0, 4.0]
+  assert str(frames["hostcall"]) == str(frames["jax"])

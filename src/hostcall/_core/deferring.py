@@ -92,11 +92,13 @@ class Plan:
     """Calls ``run(target, operands, context)`` for each deferred call of
     the calls of the program whose packed outputs are ``packed`` (one
     array of bytes per call), in the order the calls were made, each in
-    program order. A vectorised target at the program's top level
-    (``deliver_steps``: a metrics row) receives every call's values at
-    once, after the others' calls, as ``hostcall.scan`` delivers a chunk.
-    ``devices``: the program's devices, a call's ``device_index`` picks
-    its caller."""
+    program order. A program whose only deferred call is a vectorised
+    target at its top level (``deliver_steps``: a metrics row) hands every
+    call's values to it at once, as ``hostcall.scan`` delivers a chunk:
+    nothing else runs between those calls, so that the rows keep their
+    order (and a run logged without steps numbers them as ``jax.jit``'s
+    calls would). ``devices``: the program's devices, a call's
+    ``device_index`` picks its caller."""
     contexts = self._contexts.get(devices)
     if contexts is None:
       contexts = self._contexts[devices] = {}
@@ -104,27 +106,18 @@ class Plan:
     # Each value of every call at once: (calls, *shape).
     columns = [_uncarried(rows[:, start:stop], carrier, shape, dtype)
                for start, stop, carrier, shape, dtype in self.slots]
-    vectorised = len(packed) > 1 and any(
-        type(n) is Call and n.target.deliver_steps is not None
-        for n in self.nodes)
-    if not vectorised or not all(
-        type(n) is Call and n.target.deliver_steps is not None
-        for n in self.nodes):
-      for i in range(len(packed)):
-        # (i, ...): a 0-d value stays an array, as the runtime hands it.
-        _replay(self.nodes, [c[i, ...] for c in columns], devices, run,
-                contexts, skip_vectorised=vectorised)
-    if not vectorised:
+    node = self.nodes[0] if len(self.nodes) == 1 else None
+    if (len(packed) > 1 and type(node) is Call
+        and node.target.deliver_steps is not None):
+      context = _context_of(node, devices, contexts)
+      rank = len(context.batch_levels)
+      stacked = [np.moveaxis(c, 0, rank) if rank else c for c in columns]
+      run(Steps(node.target, len(packed)), stacked, context)
       return
-    at = 0
-    for node in self.nodes:
-      if type(node) is Call and node.target.deliver_steps is not None:
-        context = _context_of(node, devices, contexts)
-        rank = len(context.batch_levels)
-        stacked = [np.moveaxis(c, 0, rank) if rank else c
-                   for c in columns[at:at + node.size]]
-        run(Steps(node.target, len(packed)), stacked, context)
-      at += node.size
+    for i in range(len(packed)):
+      # (i, ...): a 0-d value stays an array, as the runtime hands it.
+      _replay(self.nodes, [c[i, ...] for c in columns], devices, run,
+              contexts)
 
 
 def _uncarried(raw: np.ndarray, carrier, shape, dtype) -> np.ndarray:
@@ -145,20 +138,18 @@ def _context_of(node: Call, devices, contexts: dict):
   return context
 
 
-def _replay(nodes, values, devices, run, contexts,
-            skip_vectorised=False) -> None:
+def _replay(nodes, values, devices, run, contexts) -> None:
   at = 0
   for node in nodes:
     mine = values[at:at + node.size]
     at += node.size
     if type(node) is Call:
-      if not (skip_vectorised and node.target.deliver_steps is not None):
-        run(node.target, mine, _context_of(node, devices, contexts))
+      run(node.target, mine, _context_of(node, devices, contexts))
     else:
       steps = range(node.length)
       for step in (reversed(steps) if node.reverse else steps):
         _replay(node.body, [v[step, ...] for v in mine], devices, run,
-                contexts, skip_vectorised)
+                contexts)
 
 
 # --- which programs can be deferred -----------------------------------------
