@@ -412,3 +412,23 @@ def test_two_metrics_rows_a_call_keep_their_order_and_steps(tmp_path):
   assert frames["hostcall"]["loss"][::2] == [6.0, 9.0, 12.0]
   assert frames["hostcall"]["acc"][1::2] == [2.0, 3.0, 4.0]
   assert str(frames["hostcall"]) == str(frames["jax"])
+
+
+def test_static_and_donated_arguments_found_by_name_or_position():
+  log = Log()
+
+  def scaled(x, mode, y):
+    hostcall.debug_callback(log.fn(mode), x)
+    return x * (2.0 if mode == "double" else 3.0) + y
+
+  by_name = hostcall.jit(scaled, static_argnames="mode",
+                         donate_argnames="y")
+  by_number = hostcall.jit(scaled, static_argnums=1, donate_argnums=2)
+  y1, y2 = jnp.ones(2), jnp.ones(2)
+  out1 = by_name(jnp.float32([1, 2]), "double", y1)  # passed positionally
+  out2 = by_number(jnp.float32([1, 2]), mode="triple", y=y2)  # by name
+  hostcall.barrier()
+  assert out1.tolist() == [3.0, 5.0] and out2.tolist() == [4.0, 7.0]
+  assert y1.is_deleted() and y2.is_deleted()  # donated, as under jax.jit
+  assert log.calls == [("double", [[1.0, 2.0]], ()),
+                       ("triple", [[1.0, 2.0]], ())]

@@ -53,7 +53,14 @@ class Jitted:
     kwargs = dict(jit_kwargs)
     if "out_shardings" in kwargs:  # the deferred outputs: left to XLA
       kwargs["out_shardings"] = (kwargs["out_shardings"], None)
-    self._deferring = jax.jit(self._traced, **kwargs)
+
+    def traced(*args, **kwargs):
+      return self._traced(*args, **kwargs)
+
+    # fun's signature (through __wrapped__): jax.jit finds static and
+    # donated arguments by name or position in it, passed either way.
+    functools.update_wrapper(traced, fun)
+    self._deferring = jax.jit(traced, **kwargs)
     functools.update_wrapper(self, fun)
 
   def __call__(self, *args, **kwargs):
