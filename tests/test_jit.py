@@ -432,3 +432,27 @@ def test_static_and_donated_arguments_found_by_name_or_position():
   assert y1.is_deleted() and y2.is_deleted()  # donated, as under jax.jit
   assert log.calls == [("double", [[1.0, 2.0]], ()),
                        ("triple", [[1.0, 2.0]], ())]
+
+
+def test_debug_nans_rerun_makes_the_host_calls_as_jax_jits_does():
+  # jax_debug_nans reruns a call whose outputs have a NaN, de-optimized:
+  # its host calls run during that rerun, before the error is raised.
+  log = Log()
+
+  @hostcall.jit
+  def f(x):
+    hostcall.debug_callback(log.fn("before"), x)
+    return jnp.log(x)
+
+  jax.config.update("jax_debug_nans", True)
+  try:
+    with pytest.raises(FloatingPointError, match="nan"):
+      f(jnp.float32([-1.0, 1.0]))
+  finally:
+    jax.config.update("jax_debug_nans", False)
+  hostcall.barrier()
+  assert log.calls == [("before", [[-1.0, 1.0]], ())]
+  assert float(f(jnp.float32(1.0))) == 0.0  # the same function goes on
+  hostcall.barrier()
+  assert log.calls[1:] == [("before", [1.0], ())]
+  assert "hostcall-deferred" in log.threads

@@ -72,9 +72,11 @@ class Deferred:
         if not self.is_deliverer:
           self._hurry += 1
           self._cond.notify_all()
-          self._cond.wait_for(lambda: not self._bytes
-                              or self._bytes + size <= self.capacity)
-          self._hurry -= 1
+          try:  # (Ctrl-C may end the wait: the thread gathers again)
+            self._cond.wait_for(lambda: not self._bytes
+                                or self._bytes + size <= self.capacity)
+          finally:
+            self._hurry -= 1
       if not self._pending:  # the thread sleeps until something comes
         self._cond.notify_all()
       self._pending.append((plan, packs, size))
@@ -164,16 +166,22 @@ def _fetch(batches: list) -> list:
   """Every program's packs as NumPy arrays (a failed program's: its error,
   for its calls only). Off the CPU, every copy starts before the first is
   awaited."""
-  if _accelerated():
+  # The runtime hands a callback its operands whatever the caller's
+  # transfer guard says; so does this thread.
+  with jax.transfer_guard_device_to_host("allow"):
+    if _accelerated():
+      for packs in batches:
+        try:
+          for p in packs:
+            p.copy_to_host_async()
+        except Exception:  # noqa: BLE001 - its program failed: met below
+          pass
+    out = []
     for packs in batches:
-      for p in packs:
-        p.copy_to_host_async()
-  out = []
-  for packs in batches:
-    try:
-      out.append([np.asarray(p) for p in packs])
-    except BaseException as exc:  # noqa: BLE001 - its program failed
-      out.append(exc)
+      try:
+        out.append([np.asarray(p) for p in packs])
+      except BaseException as exc:  # noqa: BLE001 - its program failed
+        out.append(exc)
   return out
 
 

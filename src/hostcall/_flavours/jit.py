@@ -75,6 +75,11 @@ class Jitted:
     return outs
 
   def _traced(self, *args, **kwargs):
+    if _jax_private.is_top_level():
+      # Called as it is, not traced: jax_debug_nans' de-optimized rerun of
+      # a call whose outputs had a NaN. Its host calls run as it runs, as
+      # in jax.jit's rerun.
+      return self._fun(*args, **kwargs), _DeferredOutputs([], None)
     leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
     dynamic = [i for i, leaf in enumerate(leaves)
                if isinstance(leaf, _jax_private.Tracer)]
