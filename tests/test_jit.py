@@ -456,3 +456,42 @@ def test_debug_nans_rerun_makes_the_host_calls_as_jax_jits_does():
   hostcall.barrier()
   assert log.calls[1:] == [("before", [1.0], ())]
   assert "hostcall-deferred" in log.threads
+
+
+def test_live_host_calls_may_run_before_earlier_deferred_ones():
+  # The deferred call of the first step waits until the second program's
+  # live call (a while_loop keeps its program as jax.jit has it) has run:
+  # under hostcall.jit the live call does not wait for deferred ones.
+  seen = []
+  live_ran = threading.Event()
+
+  def deferred_host(v):
+    seen.append(("deferred", int(v), live_ran.wait(60)))
+
+  def live_host(v):
+    seen.append(("live", int(v)))
+    live_ran.set()
+
+  deferred_step = hostcall.jit(
+      lambda x: (hostcall.debug_callback(deferred_host, x), x + 1)[1])
+  live_step = hostcall.jit(lambda x: lax.while_loop(
+      lambda c: c < x + 1,
+      lambda c: (hostcall.debug_callback(live_host, c), c + 1)[1], x))
+  assert int(deferred_step(np.int32(0))) == 1
+  assert int(live_step(np.int32(5))) == 6
+  hostcall.barrier()
+  assert seen == [("live", 5), ("deferred", 0, True)]
+
+
+def test_a_scans_deferred_values_are_stacked_on_the_device():
+  def program(x):
+    def body(c, a):
+      hcb.id_tap(lambda v, t: None, (a, c))  # float32 and int32: 8 bytes
+      return c + 1, ()
+    return lax.scan(body, jnp.int32(0), x)[0]
+
+  compiled = hostcall.jit(program)
+  for length in (1, 100, 1000):
+    _, extra = jax.eval_shape(compiled._deferring,
+                              jnp.zeros(length, jnp.float32))
+    assert [p.shape for p in extra.packs] == [(length * 8,)]
