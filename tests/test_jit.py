@@ -495,3 +495,34 @@ def test_a_scans_deferred_values_are_stacked_on_the_device():
     _, extra = jax.eval_shape(compiled._deferring,
                               jnp.zeros(length, jnp.float32))
     assert [p.shape for p in extra.packs] == [(length * 8,)]
+
+
+def test_a_tap_in_a_checkpointed_function_keeps_the_program_live():
+  log = Log()
+
+  def layer(v):
+    hcb.id_tap(log.tap("in layer"), v)
+    return jnp.sin(v)
+
+  def program(x):
+    hostcall.debug_callback(log.fn("top"), x)
+    return jax.grad(lambda v: jax.checkpoint(layer)(v).sum())(x)
+
+  def beside(x):  # the tap outside the checkpointed function: deferred
+    hostcall.debug_callback(log.fn("top"), x)
+    return jax.grad(lambda v: jax.checkpoint(jnp.sin)(v).sum())(x)
+
+  x = np.float32([0.0, 1.0])
+  assert deferring.analyse(jax.make_jaxpr(program)(x)) is None
+  assert deferring.analyse(jax.make_jaxpr(beside)(x)) is True
+  jax.jit(program)(x)
+  hostcall.barrier()
+  under_jax_jit, log.calls = log.calls, []
+  out = hostcall.jit(program)(x)
+  hostcall.barrier()
+  np.testing.assert_allclose(out, np.cos(x), rtol=1e-6)
+  # As under jax.jit: the rematerialised forward taps again.
+  assert log.calls == under_jax_jit == [("top", [[0.0, 1.0]], ()),
+                                        ("in layer", [0.0, 1.0], ()),
+                                        ("in layer", [0.0, 1.0], ())]
+  assert "hostcall-deferred" not in log.threads

@@ -15,7 +15,7 @@ Where the calls may sit:
   step first for a reverse scan).
 
 A host call anywhere else (a ``while_loop``, a ``cond``, a ``shard_map``, a
-``custom_jvp`` function), a call with results or one whose target must be
+``jax.checkpoint``, a ``custom_jvp`` or ``custom_vjp`` function), a call with results or one whose target must be
 called live (a progress bar's event), and any other effect, leave the
 program as it is (``analyse`` says None): its host calls then run where
 ``jax.jit`` runs them, in their order. Host calls without an effect
