@@ -75,3 +75,29 @@ def test_a_global_view_program_is_deferred_and_a_per_device_one_is_not():
   hostcall.jit(functools.partial(_global_view, log))(x)
   hostcall.barrier()
   assert ("whole", 0, [list(np.arange(8.0))]) in log
+
+
+def test_calls_of_one_trace_on_different_devices_name_their_own_device():
+  # One trace, committed to a different device each call: the calls wait
+  # together behind a busy host function, and each is told its device.
+  import threading
+  seen = []
+  busy = threading.Event()
+
+  @hostcall.jit
+  def hold(x):
+    hostcall.debug_callback(lambda v: busy.wait(60), x)
+    return x
+
+  @hostcall.jit
+  def step(x):
+    hostcall.debug_callback(lambda v: seen.append(
+        (float(v), hostcall.call_context().device.id)), x)
+    return x + 1
+
+  hold(np.float32(0))
+  for i in range(6):
+    step(jax.device_put(jnp.float32(i), jax.devices()[i % 3]))
+  busy.set()
+  hostcall.barrier()
+  assert seen == [(float(i), i % 3) for i in range(6)]

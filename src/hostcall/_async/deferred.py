@@ -145,7 +145,9 @@ class Deferred:
 
 def _groups(batch: list, fetched: list) -> list:
   """The batch's programs, ``(plan, packs, size, values)``, in runs of
-  consecutive calls of the same program (replayed together). A failed
+  consecutive calls of the same program on the same devices (replayed
+  together: one trace may run on several devices, each call's host calls
+  are told their own). A failed
   program is left out (its caller meets the error in its results; its host
   calls never ran, as under jax.jit), counted as delivered."""
   groups: list = []
@@ -155,11 +157,16 @@ def _groups(batch: list, fetched: list) -> list:
                    "are not delivered", errors.safe_str(values))
       groups.append([(plan, packs, size, None)])
       continue
-    if groups and groups[-1][0][0] is plan and groups[-1][0][3] is not None:
+    if (groups and groups[-1][0][0] is plan and groups[-1][0][3] is not None
+        and _same_devices(groups[-1][0][1][0].sharding, packs[0].sharding)):
       groups[-1].append((plan, packs, size, values))
     else:
       groups.append([(plan, packs, size, values)])
   return groups
+
+
+def _same_devices(one, other) -> bool:
+  return one is other or one == other
 
 
 def _fetch(batches: list) -> list:
