@@ -526,3 +526,24 @@ def test_a_tap_in_a_checkpointed_function_keeps_the_program_live():
                                         ("in layer", [0.0, 1.0], ()),
                                         ("in layer", [0.0, 1.0], ())]
   assert "hostcall-deferred" not in log.threads
+
+
+def test_a_call_that_fails_while_it_runs_delivers_none_of_its_calls():
+  log = Log()
+
+  def boom(v):
+    raise ValueError("boom")
+
+  @hostcall.jit
+  def f(x, fail):
+    hostcall.debug_callback(log.fn("made"), x)
+    y = jnp.where(fail, hostcall.pure_callback(
+        lambda v, b: boom(v) if b else v, x, x, fail), x)
+    return y + 1
+
+  assert float(f(np.float32(1), False)) == 2.0
+  with pytest.raises(Exception, match="boom"):
+    np.asarray(f(np.float32(2), True))
+  assert float(f(np.float32(3), False)) == 4.0
+  hostcall.barrier()
+  assert log.calls == [("made", [1.0], ()), ("made", [3.0], ())]
