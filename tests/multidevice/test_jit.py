@@ -101,3 +101,26 @@ def test_calls_of_one_trace_on_different_devices_name_their_own_device():
   busy.set()
   hostcall.barrier()
   assert seen == [(float(i), i % 3) for i in range(6)]
+
+
+def test_an_inlined_jit_keeps_the_shardings_it_gave():
+  seen = []
+  replicated = NamedSharding(MESH, P())
+  inner = jax.jit(lambda v: (hostcall.debug_callback(
+      lambda a: seen.append(np.asarray(a).tolist()), v), v * 2)[1],
+      in_shardings=SHARDED, out_shardings=SHARDED)
+
+  def outer(x):
+    y = inner(x)
+    return y, y + 1
+
+  x = jax.device_put(jnp.arange(8.0), replicated)
+  specs = []
+  for jit in (jax.jit, hostcall.jit):
+    y, z = jit(outer)(x)
+    hostcall.barrier()
+    specs.append((y.sharding.spec, z.sharding.spec))
+    assert y.tolist() == [2.0 * i for i in range(8)]
+  assert specs[0] == specs[1] == (P("i"), P("i"))
+  assert seen == [list(np.arange(8.0))] * 2
+  assert deferring.analyse(jax.make_jaxpr(outer)(x)) is True

@@ -9,7 +9,8 @@ host replays the calls, in program order, once those outputs are ready
 
 Where the calls may sit:
 
-* at the top level of the program, or of a ``jax.jit`` inside it (inlined);
+* at the top level of the program, or of a ``jax.jit`` inside it (inlined,
+  its arguments and results held to the shardings it gave them);
 * in the body of a ``lax.scan`` (recursively), whose values are stacked as
   extra ``ys``: one ``Loop`` node of the plan, replayed step by step (last
   step first for a reverse scan).
@@ -266,7 +267,10 @@ def _evaluate(jaxpr, consts, args, recorder: _Recorder) -> list:
       outs = invals if eqn.params["kind"] == "tap" else []
     elif _is_jit(eqn) and analyse(eqn.params["jaxpr"]):
       inner = eqn.params["jaxpr"]
-      outs = _evaluate(_jaxpr_of(inner), inner.consts, invals, recorder)
+      outs = _constrained(_evaluate(
+          _jaxpr_of(inner), inner.consts,
+          _constrained(invals, eqn.params.get("in_shardings")), recorder),
+          eqn.params.get("out_shardings"))
     elif (eqn.primitive.name == "scan" and _scan_layout(eqn) is not None
           and analyse(eqn.params["jaxpr"])):
       outs = _scan(eqn, invals, recorder)
@@ -277,6 +281,17 @@ def _evaluate(jaxpr, consts, args, recorder: _Recorder) -> list:
     for var, value in zip(eqn.outvars, outs):
       write(var, value)
   return [read(v) for v in jaxpr.outvars]
+
+
+def _constrained(values: list, shardings) -> list:
+  """``values`` held to the shardings that an inlined ``jax.jit`` gave its
+  arguments or results (where given)."""
+  if not shardings:
+    return values
+  return [jax.lax.with_sharding_constraint(value, sharding)
+          if isinstance(sharding, jax.sharding.Sharding)
+          and isinstance(value, jax.Array) else value
+          for value, sharding in zip(values, shardings)]
 
 
 def _scan(eqn, invals, recorder: _Recorder) -> list:
