@@ -547,3 +547,23 @@ def test_a_call_that_fails_while_it_runs_delivers_none_of_its_calls():
   assert float(f(np.float32(3), False)) == 4.0
   hostcall.barrier()
   assert log.calls == [("made", [1.0], ()), ("made", [3.0], ())]
+
+
+def test_sys_exit_in_a_host_function_stops_nothing_and_the_barrier_says():
+  log = Log()
+
+  def leave(v):
+    if v > 1:
+      raise SystemExit(3)
+
+  @hostcall.jit
+  def f(x):
+    hostcall.debug_callback(leave, x)
+    hostcall.debug_callback(log.fn("after"), x)
+    return x + 1
+
+  outs = [float(f(np.float32(i))) for i in range(4)]
+  with pytest.raises(hostcall.CallbackException, match="SystemExit"):
+    hostcall.barrier()
+  assert outs == [1.0, 2.0, 3.0, 4.0]
+  assert log.calls == [("after", [float(i)], ()) for i in range(4)]
