@@ -567,3 +567,40 @@ def test_sys_exit_in_a_host_function_stops_nothing_and_the_barrier_says():
     hostcall.barrier()
   assert outs == [1.0, 2.0, 3.0, 4.0]
   assert log.calls == [("after", [float(i)], ()) for i in range(4)]
+
+
+def test_a_host_function_of_another_program_never_waits_for_room():
+  # The deferred thread holds a full buffer until the main thread's
+  # jax.jit program returns; that program's host function calls a
+  # hostcall.jit program: waiting for room there would wait for itself.
+  from hostcall._async.deferred import deferred
+  seen, released = [], threading.Event()
+  before = deferred.capacity
+  deferred.capacity = 64 * 1024
+
+  @hostcall.jit
+  def logged(x):
+    hostcall.debug_callback(lambda v: seen.append(float(v[0])), x)
+    return x
+
+  @hostcall.jit
+  def hold(x):
+    hostcall.debug_callback(lambda v: seen.append(released.wait(20)), x)
+    return x
+
+  def host(v):
+    for i in range(8):  # 8 x 16 KiB: twice the room
+      logged(np.full(4096, float(i), np.float32))
+
+  program = jax.jit(lambda x: (hostcall.debug_callback(host, x), x + 1)[1])
+  try:
+    hold(np.float32(0))
+    for i in range(3):  # 48 KiB of the 64 KiB: the host's calls overflow
+      logged(np.full(4096, -1.0, np.float32))
+    assert float(program(np.float32(1))) == 2.0
+    released.set()
+    hostcall.barrier()
+  finally:
+    released.set()
+    deferred.capacity = before
+  assert seen == [True] + [-1.0] * 3 + [float(i) for i in range(8)]

@@ -12,8 +12,8 @@ asynchronous tap's is (``calls.run(..., asynchronous=True)``).
 
 Values waiting here are bounded in bytes (the asynchronous queue's
 capacity): a caller that runs ahead of the host functions waits for room,
-as a producer of the queue does; the thread itself, or a host function on
-it that calls a program, never waits.
+as a producer of the queue does; the thread itself, or any host function
+that calls a program, never waits.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import numpy as np
 
 from hostcall import _jax_private
 from hostcall._core import calls, errors
+from hostcall._core.context import why_waiting_is_forbidden
 
 logger = logging.getLogger("hostcall")
 
@@ -69,7 +70,10 @@ class Deferred:
       if self._thread is None:
         self._start()
       if self._bytes and self._bytes + size > self.capacity:
-        if not self.is_deliverer:
+        # A host function (on this thread, or on a runtime's thread for a
+        # program this thread may be waiting for) never waits: the room it
+        # would wait for may come only once it returns.
+        if not self.is_deliverer and why_waiting_is_forbidden() is None:
           self._hurry += 1
           self._cond.notify_all()
           try:  # (Ctrl-C may end the wait: the thread gathers again)
