@@ -307,7 +307,9 @@ def _scan(eqn, invals, recorder: _Recorder) -> list:
     inner.values.clear()
     outs = _evaluate(_jaxpr_of(body), body.consts, [*consts, *carry, *x],
                      inner)
-    return outs[:num_carry], (outs[num_carry:], list(inner.values))
+    values = list(inner.values)
+    inner.values.clear()  # nothing keeps the body's tracers after it
+    return outs[:num_carry], (outs[num_carry:], values)
 
   carry, (ys, stacked) = jax.lax.scan(
       step, list(init), list(xs), length=eqn.params["length"],
