@@ -616,3 +616,30 @@ def test_no_tracer_leaks(name):
     log, got = _run(hostcall.jit, program, args, calls=1)
   assert _by_site(log.calls) == _by_site(expected_log.calls)
   jax.tree_util.tree_map(np.testing.assert_array_equal, got, expected)
+
+
+def test_a_method_binds_as_jax_jits_does():
+  log = Log()
+
+  class Model:
+    scale = 3.0
+
+    @functools.partial(hostcall.jit, static_argnums=0)
+    def step(self, x):
+      hostcall.debug_callback(log.fn("step"), x * self.scale)
+      return x * self.scale
+
+    def __hash__(self):
+      return 0
+
+    def __eq__(self, other):
+      return isinstance(other, Model)
+
+  model = Model()
+  bound = model.step
+  assert bound.__self__ is model and bound.__name__ == "step"
+  assert float(bound(np.float32(2))) == 6.0
+  bound.clear_cache()
+  assert float(Model.step(model, np.float32(1))) == 3.0
+  hostcall.barrier()
+  assert log.calls == [("step", [6.0], ()), ("step", [3.0], ())]

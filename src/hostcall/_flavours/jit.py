@@ -14,6 +14,7 @@ deferred is compiled as ``jax.jit`` compiles it, unchanged.
 from __future__ import annotations
 
 import functools
+import types
 from typing import Any, Callable
 
 import jax
@@ -122,10 +123,11 @@ class Jitted:
     return f"hostcall.jit({getattr(self._fun, '__name__', self._fun)!r})"
 
   def __get__(self, instance, owner=None):
-    # A method decorated with @hostcall.jit binds as a function does.
+    # A method decorated with @hostcall.jit binds as a function does (a
+    # bound method, as jax.jit's: its name, __self__, clear_cache).
     if instance is None:
       return self
-    return functools.partial(self, instance)
+    return types.MethodType(self, instance)
 
 
 def jit(fun: Callable | None = None, /, **jit_kwargs: Any):
