@@ -124,3 +124,24 @@ def test_an_inlined_jit_keeps_the_shardings_it_gave():
   assert specs[0] == specs[1] == (P("i"), P("i"))
   assert seen == [list(np.arange(8.0))] * 2
   assert deferring.analyse(jax.make_jaxpr(outer)(x)) is True
+
+
+def test_an_inlined_jit_on_a_mesh_of_explicit_axes_is_as_under_jax_jit():
+  # There a sharding is the value's type: jax.jit does not reshard a
+  # nested jit's results to its out_shardings, nor may hostcall.jit.
+  mesh = jax.make_mesh((4,), ("i",),
+                       axis_types=(jax.sharding.AxisType.Explicit,))
+  got = []
+  for jit in (jax.jit, hostcall.jit):
+    seen = []
+    with jax.set_mesh(mesh):
+      inner = jax.jit(lambda v: (hostcall.debug_callback(
+          lambda a: seen.append(np.asarray(a).tolist()), v), v + 1)[1],
+          out_shardings=P("i"))
+      x = jax.device_put(jnp.arange(8.0), NamedSharding(mesh, P()))
+      y = jit(lambda v: inner(v) * 2)(x)
+      hostcall.barrier()
+    got.append((str(jax.typeof(y)), y.sharding.spec, y.tolist(), seen))
+  assert got[0] == got[1]
+  assert got[1][2] == [2.0 * (i + 1) for i in range(8)]
+  assert got[1][3] == [list(np.arange(8.0))]

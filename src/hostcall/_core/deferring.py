@@ -285,13 +285,20 @@ def _evaluate(jaxpr, consts, args, recorder: _Recorder) -> list:
 
 def _constrained(values: list, shardings) -> list:
   """``values`` held to the shardings that an inlined ``jax.jit`` gave its
-  arguments or results (where given)."""
+  arguments or results (where given; on a mesh of explicit axes a value's
+  sharding is its type, which the inlined program keeps as it is)."""
   if not shardings:
     return values
   return [jax.lax.with_sharding_constraint(value, sharding)
-          if isinstance(sharding, jax.sharding.Sharding)
-          and isinstance(value, jax.Array) else value
-          for value, sharding in zip(values, shardings)]
+          if _constraining(sharding) and isinstance(value, jax.Array)
+          else value for value, sharding in zip(values, shardings)]
+
+
+def _constraining(sharding) -> bool:
+  if not isinstance(sharding, jax.sharding.Sharding):
+    return False  # not given
+  axis_types = getattr(getattr(sharding, "mesh", None), "axis_types", ())
+  return jax.sharding.AxisType.Explicit not in tuple(axis_types)
 
 
 def _scan(eqn, invals, recorder: _Recorder) -> list:
