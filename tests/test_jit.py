@@ -389,3 +389,257 @@ def test_slow_host_functions_bound_what_waits_and_lose_nothing():
     hostcall.barrier()
     deferred.capacity = before
   assert seen == [float(i) for i in range(300)]
+
+
+def test_two_metrics_rows_a_call_keep_their_order_and_steps(tmp_path):
+  # Rows of two Run.log sites, logged without steps: each call's rows come
+  # before the next call's, numbered as jax.jit's calls number them.
+  frames = {}
+  for name, jit in (("jax", jax.jit), ("hostcall", hostcall.jit)):
+    with hostcall.metrics.Run(name, root=str(tmp_path),
+                              writers=["memory"]) as run:
+      def program(x):
+        run.log(loss=x.sum())
+        run.log(acc=x.mean())
+        return x
+
+      compiled = jit(program)
+      for i in range(3):
+        compiled(np.float32([1, 2, 3]) + i)
+      hostcall.barrier()
+      frames[name] = run.dataframe().to_dict("list")
+  assert frames["hostcall"]["step"] == [0, 1, 2, 3, 4, 5]
+  assert frames["hostcall"]["loss"][::2] == [6.0, 9.0, 12.0]
+  assert frames["hostcall"]["acc"][1::2] == [2.0, 3.0, 4.0]
+  assert str(frames["hostcall"]) == str(frames["jax"])
+
+
+def test_static_and_donated_arguments_found_by_name_or_position():
+  log = Log()
+
+  def scaled(x, mode, y):
+    hostcall.debug_callback(log.fn(mode), x)
+    return x * (2.0 if mode == "double" else 3.0) + y
+
+  by_name = hostcall.jit(scaled, static_argnames="mode",
+                         donate_argnames="y")
+  by_number = hostcall.jit(scaled, static_argnums=1, donate_argnums=2)
+  y1, y2 = jnp.ones(2), jnp.ones(2)
+  out1 = by_name(jnp.float32([1, 2]), "double", y1)  # passed positionally
+  out2 = by_number(jnp.float32([1, 2]), mode="triple", y=y2)  # by name
+  hostcall.barrier()
+  assert out1.tolist() == [3.0, 5.0] and out2.tolist() == [4.0, 7.0]
+  assert y1.is_deleted() and y2.is_deleted()  # donated, as under jax.jit
+  assert log.calls == [("double", [[1.0, 2.0]], ()),
+                       ("triple", [[1.0, 2.0]], ())]
+
+
+def test_debug_nans_rerun_makes_the_host_calls_as_jax_jits_does():
+  # jax_debug_nans reruns a call whose outputs have a NaN, de-optimized:
+  # its host calls run during that rerun, before the error is raised.
+  log = Log()
+
+  @hostcall.jit
+  def f(x):
+    hostcall.debug_callback(log.fn("before"), x)
+    return jnp.log(x)
+
+  jax.config.update("jax_debug_nans", True)
+  try:
+    with pytest.raises(FloatingPointError, match="nan"):
+      f(jnp.float32([-1.0, 1.0]))
+  finally:
+    jax.config.update("jax_debug_nans", False)
+  hostcall.barrier()
+  assert log.calls == [("before", [[-1.0, 1.0]], ())]
+  assert float(f(jnp.float32(1.0))) == 0.0  # the same function goes on
+  hostcall.barrier()
+  assert log.calls[1:] == [("before", [1.0], ())]
+  assert "hostcall-deferred" in log.threads
+
+
+def test_live_host_calls_may_run_before_earlier_deferred_ones():
+  # The deferred call of the first step waits until the second program's
+  # live call (a while_loop keeps its program as jax.jit has it) has run:
+  # under hostcall.jit the live call does not wait for deferred ones.
+  seen = []
+  live_ran = threading.Event()
+
+  def deferred_host(v):
+    seen.append(("deferred", int(v), live_ran.wait(60)))
+
+  def live_host(v):
+    seen.append(("live", int(v)))
+    live_ran.set()
+
+  deferred_step = hostcall.jit(
+      lambda x: (hostcall.debug_callback(deferred_host, x), x + 1)[1])
+  live_step = hostcall.jit(lambda x: lax.while_loop(
+      lambda c: c < x + 1,
+      lambda c: (hostcall.debug_callback(live_host, c), c + 1)[1], x))
+  assert int(deferred_step(np.int32(0))) == 1
+  assert int(live_step(np.int32(5))) == 6
+  hostcall.barrier()
+  assert seen == [("live", 5), ("deferred", 0, True)]
+
+
+def test_a_scans_deferred_values_are_stacked_on_the_device():
+  def program(x):
+    def body(c, a):
+      hcb.id_tap(lambda v, t: None, (a, c))  # float32 and int32: 8 bytes
+      return c + 1, ()
+    return lax.scan(body, jnp.int32(0), x)[0]
+
+  compiled = hostcall.jit(program)
+  for length in (1, 100, 1000):
+    _, extra = jax.eval_shape(compiled._deferring,
+                              jnp.zeros(length, jnp.float32))
+    assert [p.shape for p in extra.packs] == [(length * 8,)]
+
+
+def test_a_tap_in_a_checkpointed_function_keeps_the_program_live():
+  log = Log()
+
+  def layer(v):
+    hcb.id_tap(log.tap("in layer"), v)
+    return jnp.sin(v)
+
+  def program(x):
+    hostcall.debug_callback(log.fn("top"), x)
+    return jax.grad(lambda v: jax.checkpoint(layer)(v).sum())(x)
+
+  def beside(x):  # the tap outside the checkpointed function: deferred
+    hostcall.debug_callback(log.fn("top"), x)
+    return jax.grad(lambda v: jax.checkpoint(jnp.sin)(v).sum())(x)
+
+  x = np.float32([0.0, 1.0])
+  assert deferring.analyse(jax.make_jaxpr(program)(x)) is None
+  assert deferring.analyse(jax.make_jaxpr(beside)(x)) is True
+  jax.jit(program)(x)
+  hostcall.barrier()
+  under_jax_jit, log.calls = log.calls, []
+  out = hostcall.jit(program)(x)
+  hostcall.barrier()
+  np.testing.assert_allclose(out, np.cos(x), rtol=1e-6)
+  # As under jax.jit: the rematerialised forward taps again.
+  assert log.calls == under_jax_jit == [("top", [[0.0, 1.0]], ()),
+                                        ("in layer", [0.0, 1.0], ()),
+                                        ("in layer", [0.0, 1.0], ())]
+  assert "hostcall-deferred" not in log.threads
+
+
+def test_a_call_that_fails_while_it_runs_delivers_none_of_its_calls():
+  log = Log()
+
+  def boom(v):
+    raise ValueError("boom")
+
+  @hostcall.jit
+  def f(x, fail):
+    hostcall.debug_callback(log.fn("made"), x)
+    y = jnp.where(fail, hostcall.pure_callback(
+        lambda v, b: boom(v) if b else v, x, x, fail), x)
+    return y + 1
+
+  assert float(f(np.float32(1), False)) == 2.0
+  with pytest.raises(Exception, match="boom"):
+    np.asarray(f(np.float32(2), True))
+  assert float(f(np.float32(3), False)) == 4.0
+  hostcall.barrier()
+  assert log.calls == [("made", [1.0], ()), ("made", [3.0], ())]
+
+
+def test_sys_exit_in_a_host_function_stops_nothing_and_the_barrier_says():
+  log = Log()
+
+  def leave(v):
+    if v > 1:
+      raise SystemExit(3)
+
+  @hostcall.jit
+  def f(x):
+    hostcall.debug_callback(leave, x)
+    hostcall.debug_callback(log.fn("after"), x)
+    return x + 1
+
+  outs = [float(f(np.float32(i))) for i in range(4)]
+  with pytest.raises(hostcall.CallbackException, match="SystemExit"):
+    hostcall.barrier()
+  assert outs == [1.0, 2.0, 3.0, 4.0]
+  assert log.calls == [("after", [float(i)], ()) for i in range(4)]
+
+
+def test_a_host_function_of_another_program_never_waits_for_room():
+  # The deferred thread holds a full buffer until the main thread's
+  # jax.jit program returns; that program's host function calls a
+  # hostcall.jit program: waiting for room there would wait for itself.
+  from hostcall._async.deferred import deferred
+  seen, released = [], threading.Event()
+  before = deferred.capacity
+  deferred.capacity = 64 * 1024
+
+  @hostcall.jit
+  def logged(x):
+    hostcall.debug_callback(lambda v: seen.append(float(v[0])), x)
+    return x
+
+  @hostcall.jit
+  def hold(x):
+    hostcall.debug_callback(lambda v: seen.append(released.wait(20)), x)
+    return x
+
+  def host(v):
+    for i in range(8):  # 8 x 16 KiB: twice the room
+      logged(np.full(4096, float(i), np.float32))
+
+  program = jax.jit(lambda x: (hostcall.debug_callback(host, x), x + 1)[1])
+  try:
+    hold(np.float32(0))
+    for i in range(3):  # 48 KiB of the 64 KiB: the host's calls overflow
+      logged(np.full(4096, -1.0, np.float32))
+    assert float(program(np.float32(1))) == 2.0
+    released.set()
+    hostcall.barrier()
+  finally:
+    released.set()
+    deferred.capacity = before
+  assert seen == [True] + [-1.0] * 3 + [float(i) for i in range(8)]
+
+
+@pytest.mark.parametrize("name", sorted(PROGRAMS))
+def test_no_tracer_leaks(name):
+  # jax.checking_leaks fails a trace whose tracers outlive it (a scan
+  # body's deferred values kept by the recorder did).
+  program, args = PROGRAMS[name]
+  expected_log, expected = _run(jax.jit, program, args, calls=1)
+  with jax.checking_leaks():
+    log, got = _run(hostcall.jit, program, args, calls=1)
+  assert _by_site(log.calls) == _by_site(expected_log.calls)
+  jax.tree_util.tree_map(np.testing.assert_array_equal, got, expected)
+
+
+def test_a_method_binds_as_jax_jits_does():
+  log = Log()
+
+  class Model:
+    scale = 3.0
+
+    @functools.partial(hostcall.jit, static_argnums=0)
+    def step(self, x):
+      hostcall.debug_callback(log.fn("step"), x * self.scale)
+      return x * self.scale
+
+    def __hash__(self):
+      return 0
+
+    def __eq__(self, other):
+      return isinstance(other, Model)
+
+  model = Model()
+  bound = model.step
+  assert bound.__self__ is model and bound.__name__ == "step"
+  assert float(bound(np.float32(2))) == 6.0
+  bound.clear_cache()
+  assert float(Model.step(model, np.float32(1))) == 3.0
+  hostcall.barrier()
+  assert log.calls == [("step", [6.0], ()), ("step", [3.0], ())]

@@ -75,3 +75,73 @@ def test_a_global_view_program_is_deferred_and_a_per_device_one_is_not():
   hostcall.jit(functools.partial(_global_view, log))(x)
   hostcall.barrier()
   assert ("whole", 0, [list(np.arange(8.0))]) in log
+
+
+def test_calls_of_one_trace_on_different_devices_name_their_own_device():
+  # One trace, committed to a different device each call: the calls wait
+  # together behind a busy host function, and each is told its device.
+  import threading
+  seen = []
+  busy = threading.Event()
+
+  @hostcall.jit
+  def hold(x):
+    hostcall.debug_callback(lambda v: busy.wait(60), x)
+    return x
+
+  @hostcall.jit
+  def step(x):
+    hostcall.debug_callback(lambda v: seen.append(
+        (float(v), hostcall.call_context().device.id)), x)
+    return x + 1
+
+  hold(np.float32(0))
+  for i in range(6):
+    step(jax.device_put(jnp.float32(i), jax.devices()[i % 3]))
+  busy.set()
+  hostcall.barrier()
+  assert seen == [(float(i), i % 3) for i in range(6)]
+
+
+def test_an_inlined_jit_keeps_the_shardings_it_gave():
+  seen = []
+  replicated = NamedSharding(MESH, P())
+  inner = jax.jit(lambda v: (hostcall.debug_callback(
+      lambda a: seen.append(np.asarray(a).tolist()), v), v * 2)[1],
+      in_shardings=SHARDED, out_shardings=SHARDED)
+
+  def outer(x):
+    y = inner(x)
+    return y, y + 1
+
+  x = jax.device_put(jnp.arange(8.0), replicated)
+  specs = []
+  for jit in (jax.jit, hostcall.jit):
+    y, z = jit(outer)(x)
+    hostcall.barrier()
+    specs.append((y.sharding.spec, z.sharding.spec))
+    assert y.tolist() == [2.0 * i for i in range(8)]
+  assert specs[0] == specs[1] == (P("i"), P("i"))
+  assert seen == [list(np.arange(8.0))] * 2
+  assert deferring.analyse(jax.make_jaxpr(outer)(x)) is True
+
+
+def test_an_inlined_jit_on_a_mesh_of_explicit_axes_is_as_under_jax_jit():
+  # There a sharding is the value's type: jax.jit does not reshard a
+  # nested jit's results to its out_shardings, nor may hostcall.jit.
+  mesh = jax.make_mesh((4,), ("i",),
+                       axis_types=(jax.sharding.AxisType.Explicit,))
+  got = []
+  for jit in (jax.jit, hostcall.jit):
+    seen = []
+    with jax.set_mesh(mesh):
+      inner = jax.jit(lambda v: (hostcall.debug_callback(
+          lambda a: seen.append(np.asarray(a).tolist()), v), v + 1)[1],
+          out_shardings=P("i"))
+      x = jax.device_put(jnp.arange(8.0), NamedSharding(mesh, P()))
+      y = jit(lambda v: inner(v) * 2)(x)
+      hostcall.barrier()
+    got.append((str(jax.typeof(y)), y.sharding.spec, y.tolist(), seen))
+  assert got[0] == got[1]
+  assert got[1][2] == [2.0 * (i + 1) for i in range(8)]
+  assert got[1][3] == [list(np.arange(8.0))]

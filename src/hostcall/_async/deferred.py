@@ -12,8 +12,8 @@ asynchronous tap's is (``calls.run(..., asynchronous=True)``).
 
 Values waiting here are bounded in bytes (the asynchronous queue's
 capacity): a caller that runs ahead of the host functions waits for room,
-as a producer of the queue does; the thread itself, or a host function on
-it that calls a program, never waits.
+as a producer of the queue does; the thread itself, or any host function
+that calls a program, never waits.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import numpy as np
 
 from hostcall import _jax_private
 from hostcall._core import calls, errors
+from hostcall._core.context import why_waiting_is_forbidden
 
 logger = logging.getLogger("hostcall")
 
@@ -69,12 +70,17 @@ class Deferred:
       if self._thread is None:
         self._start()
       if self._bytes and self._bytes + size > self.capacity:
-        if not self.is_deliverer:
+        # A host function (on this thread, or on a runtime's thread for a
+        # program this thread may be waiting for) never waits: the room it
+        # would wait for may come only once it returns.
+        if not self.is_deliverer and why_waiting_is_forbidden() is None:
           self._hurry += 1
           self._cond.notify_all()
-          self._cond.wait_for(lambda: not self._bytes
-                              or self._bytes + size <= self.capacity)
-          self._hurry -= 1
+          try:  # (Ctrl-C may end the wait: the thread gathers again)
+            self._cond.wait_for(lambda: not self._bytes
+                                or self._bytes + size <= self.capacity)
+          finally:
+            self._hurry -= 1
       if not self._pending:  # the thread sleeps until something comes
         self._cond.notify_all()
       self._pending.append((plan, packs, size))
@@ -143,7 +149,9 @@ class Deferred:
 
 def _groups(batch: list, fetched: list) -> list:
   """The batch's programs, ``(plan, packs, size, values)``, in runs of
-  consecutive calls of the same program (replayed together). A failed
+  consecutive calls of the same program on the same devices (replayed
+  together: one trace may run on several devices, each call's host calls
+  are told their own). A failed
   program is left out (its caller meets the error in its results; its host
   calls never ran, as under jax.jit), counted as delivered."""
   groups: list = []
@@ -153,27 +161,38 @@ def _groups(batch: list, fetched: list) -> list:
                    "are not delivered", errors.safe_str(values))
       groups.append([(plan, packs, size, None)])
       continue
-    if groups and groups[-1][0][0] is plan and groups[-1][0][3] is not None:
+    if (groups and groups[-1][0][0] is plan and groups[-1][0][3] is not None
+        and _same_devices(groups[-1][0][1][0].sharding, packs[0].sharding)):
       groups[-1].append((plan, packs, size, values))
     else:
       groups.append([(plan, packs, size, values)])
   return groups
 
 
+def _same_devices(one, other) -> bool:
+  return one is other or one == other
+
+
 def _fetch(batches: list) -> list:
   """Every program's packs as NumPy arrays (a failed program's: its error,
   for its calls only). Off the CPU, every copy starts before the first is
   awaited."""
-  if _accelerated():
+  # The runtime hands a callback its operands whatever the caller's
+  # transfer guard says; so does this thread.
+  with jax.transfer_guard_device_to_host("allow"):
+    if _accelerated():
+      for packs in batches:
+        try:
+          for p in packs:
+            p.copy_to_host_async()
+        except Exception:  # noqa: BLE001 - its program failed: met below
+          pass
+    out = []
     for packs in batches:
-      for p in packs:
-        p.copy_to_host_async()
-  out = []
-  for packs in batches:
-    try:
-      out.append([np.asarray(p) for p in packs])
-    except BaseException as exc:  # noqa: BLE001 - its program failed
-      out.append(exc)
+      try:
+        out.append([np.asarray(p) for p in packs])
+      except BaseException as exc:  # noqa: BLE001 - its program failed
+        out.append(exc)
   return out
 
 

@@ -9,13 +9,14 @@ host replays the calls, in program order, once those outputs are ready
 
 Where the calls may sit:
 
-* at the top level of the program, or of a ``jax.jit`` inside it (inlined);
+* at the top level of the program, or of a ``jax.jit`` inside it (inlined,
+  its arguments and results held to the shardings it gave them);
 * in the body of a ``lax.scan`` (recursively), whose values are stacked as
   extra ``ys``: one ``Loop`` node of the plan, replayed step by step (last
   step first for a reverse scan).
 
 A host call anywhere else (a ``while_loop``, a ``cond``, a ``shard_map``, a
-``custom_jvp`` function), a call with results or one whose target must be
+``jax.checkpoint``, a ``custom_jvp`` or ``custom_vjp`` function), a call with results or one whose target must be
 called live (a progress bar's event), and any other effect, leave the
 program as it is (``analyse`` says None): its host calls then run where
 ``jax.jit`` runs them, in their order. Host calls without an effect
@@ -92,11 +93,13 @@ class Plan:
     """Calls ``run(target, operands, context)`` for each deferred call of
     the calls of the program whose packed outputs are ``packed`` (one
     array of bytes per call), in the order the calls were made, each in
-    program order. A vectorised target at the program's top level
-    (``deliver_steps``: a metrics row) receives every call's values at
-    once, after the others' calls, as ``hostcall.scan`` delivers a chunk.
-    ``devices``: the program's devices, a call's ``device_index`` picks
-    its caller."""
+    program order. A program whose only deferred call is a vectorised
+    target at its top level (``deliver_steps``: a metrics row) hands every
+    call's values to it at once, as ``hostcall.scan`` delivers a chunk:
+    nothing else runs between those calls, so that the rows keep their
+    order (and a run logged without steps numbers them as ``jax.jit``'s
+    calls would). ``devices``: the program's devices, a call's
+    ``device_index`` picks its caller."""
     contexts = self._contexts.get(devices)
     if contexts is None:
       contexts = self._contexts[devices] = {}
@@ -104,27 +107,18 @@ class Plan:
     # Each value of every call at once: (calls, *shape).
     columns = [_uncarried(rows[:, start:stop], carrier, shape, dtype)
                for start, stop, carrier, shape, dtype in self.slots]
-    vectorised = len(packed) > 1 and any(
-        type(n) is Call and n.target.deliver_steps is not None
-        for n in self.nodes)
-    if not vectorised or not all(
-        type(n) is Call and n.target.deliver_steps is not None
-        for n in self.nodes):
-      for i in range(len(packed)):
-        # (i, ...): a 0-d value stays an array, as the runtime hands it.
-        _replay(self.nodes, [c[i, ...] for c in columns], devices, run,
-                contexts, skip_vectorised=vectorised)
-    if not vectorised:
+    node = self.nodes[0] if len(self.nodes) == 1 else None
+    if (len(packed) > 1 and type(node) is Call
+        and node.target.deliver_steps is not None):
+      context = _context_of(node, devices, contexts)
+      rank = len(context.batch_levels)
+      stacked = [np.moveaxis(c, 0, rank) if rank else c for c in columns]
+      run(Steps(node.target, len(packed)), stacked, context)
       return
-    at = 0
-    for node in self.nodes:
-      if type(node) is Call and node.target.deliver_steps is not None:
-        context = _context_of(node, devices, contexts)
-        rank = len(context.batch_levels)
-        stacked = [np.moveaxis(c, 0, rank) if rank else c
-                   for c in columns[at:at + node.size]]
-        run(Steps(node.target, len(packed)), stacked, context)
-      at += node.size
+    for i in range(len(packed)):
+      # (i, ...): a 0-d value stays an array, as the runtime hands it.
+      _replay(self.nodes, [c[i, ...] for c in columns], devices, run,
+              contexts)
 
 
 def _uncarried(raw: np.ndarray, carrier, shape, dtype) -> np.ndarray:
@@ -145,20 +139,18 @@ def _context_of(node: Call, devices, contexts: dict):
   return context
 
 
-def _replay(nodes, values, devices, run, contexts,
-            skip_vectorised=False) -> None:
+def _replay(nodes, values, devices, run, contexts) -> None:
   at = 0
   for node in nodes:
     mine = values[at:at + node.size]
     at += node.size
     if type(node) is Call:
-      if not (skip_vectorised and node.target.deliver_steps is not None):
-        run(node.target, mine, _context_of(node, devices, contexts))
+      run(node.target, mine, _context_of(node, devices, contexts))
     else:
       steps = range(node.length)
       for step in (reversed(steps) if node.reverse else steps):
         _replay(node.body, [v[step, ...] for v in mine], devices, run,
-                contexts, skip_vectorised)
+                contexts)
 
 
 # --- which programs can be deferred -----------------------------------------
@@ -275,7 +267,10 @@ def _evaluate(jaxpr, consts, args, recorder: _Recorder) -> list:
       outs = invals if eqn.params["kind"] == "tap" else []
     elif _is_jit(eqn) and analyse(eqn.params["jaxpr"]):
       inner = eqn.params["jaxpr"]
-      outs = _evaluate(_jaxpr_of(inner), inner.consts, invals, recorder)
+      outs = _constrained(_evaluate(
+          _jaxpr_of(inner), inner.consts,
+          _constrained(invals, eqn.params.get("in_shardings")), recorder),
+          eqn.params.get("out_shardings"))
     elif (eqn.primitive.name == "scan" and _scan_layout(eqn) is not None
           and analyse(eqn.params["jaxpr"])):
       outs = _scan(eqn, invals, recorder)
@@ -286,6 +281,24 @@ def _evaluate(jaxpr, consts, args, recorder: _Recorder) -> list:
     for var, value in zip(eqn.outvars, outs):
       write(var, value)
   return [read(v) for v in jaxpr.outvars]
+
+
+def _constrained(values: list, shardings) -> list:
+  """``values`` held to the shardings that an inlined ``jax.jit`` gave its
+  arguments or results (where given; on a mesh of explicit axes a value's
+  sharding is its type, which the inlined program keeps as it is)."""
+  if not shardings:
+    return values
+  return [jax.lax.with_sharding_constraint(value, sharding)
+          if _constraining(sharding) and isinstance(value, jax.Array)
+          else value for value, sharding in zip(values, shardings)]
+
+
+def _constraining(sharding) -> bool:
+  if not isinstance(sharding, jax.sharding.Sharding):
+    return False  # not given
+  axis_types = getattr(getattr(sharding, "mesh", None), "axis_types", ())
+  return jax.sharding.AxisType.Explicit not in tuple(axis_types)
 
 
 def _scan(eqn, invals, recorder: _Recorder) -> list:
@@ -301,7 +314,9 @@ def _scan(eqn, invals, recorder: _Recorder) -> list:
     inner.values.clear()
     outs = _evaluate(_jaxpr_of(body), body.consts, [*consts, *carry, *x],
                      inner)
-    return outs[:num_carry], (outs[num_carry:], list(inner.values))
+    values = list(inner.values)
+    inner.values.clear()  # nothing keeps the body's tracers after it
+    return outs[:num_carry], (outs[num_carry:], values)
 
   carry, (ys, stacked) = jax.lax.scan(
       step, list(init), list(xs), length=eqn.params["length"],

@@ -14,6 +14,7 @@ deferred is compiled as ``jax.jit`` compiles it, unchanged.
 from __future__ import annotations
 
 import functools
+import types
 from typing import Any, Callable
 
 import jax
@@ -53,7 +54,14 @@ class Jitted:
     kwargs = dict(jit_kwargs)
     if "out_shardings" in kwargs:  # the deferred outputs: left to XLA
       kwargs["out_shardings"] = (kwargs["out_shardings"], None)
-    self._deferring = jax.jit(self._traced, **kwargs)
+
+    def traced(*args, **kwargs):
+      return self._traced(*args, **kwargs)
+
+    # fun's signature (through __wrapped__): jax.jit finds static and
+    # donated arguments by name or position in it, passed either way.
+    functools.update_wrapper(traced, fun)
+    self._deferring = jax.jit(traced, **kwargs)
     functools.update_wrapper(self, fun)
 
   def __call__(self, *args, **kwargs):
@@ -68,6 +76,11 @@ class Jitted:
     return outs
 
   def _traced(self, *args, **kwargs):
+    if _jax_private.is_top_level():
+      # Called as it is, not traced: jax_debug_nans' de-optimized rerun of
+      # a call whose outputs had a NaN. Its host calls run as it runs, as
+      # in jax.jit's rerun.
+      return self._fun(*args, **kwargs), _DeferredOutputs([], None)
     leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
     dynamic = [i for i, leaf in enumerate(leaves)
                if isinstance(leaf, _jax_private.Tracer)]
@@ -110,10 +123,11 @@ class Jitted:
     return f"hostcall.jit({getattr(self._fun, '__name__', self._fun)!r})"
 
   def __get__(self, instance, owner=None):
-    # A method decorated with @hostcall.jit binds as a function does.
+    # A method decorated with @hostcall.jit binds as a function does (a
+    # bound method, as jax.jit's: its name, __self__, clear_cache).
     if instance is None:
       return self
-    return functools.partial(self, instance)
+    return types.MethodType(self, instance)
 
 
 def jit(fun: Callable | None = None, /, **jit_kwargs: Any):
