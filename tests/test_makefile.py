@@ -1,6 +1,7 @@
 """The Makefile's set-up: `make demo` installs only the demo's extra, `make
 test` the test extra, each once, in either order (dry runs: `make -n`)."""
 
+import os
 import pathlib
 import shutil
 import subprocess
@@ -21,9 +22,14 @@ def checkout(tmp_path):
 
 
 def _dry(checkout, target):
-  proc = subprocess.run(["make", "-n", target, "PYTHON=python3"],
+  # Run from `make test` (or CI's make), the outer make's variables would
+  # make this one print its directory changes: a make of its own.
+  env = {k: v for k, v in os.environ.items()
+         if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
+  proc = subprocess.run(["make", "--no-print-directory", "-n", target,
+                         "PYTHON=python3"],
                         cwd=checkout, capture_output=True, text=True,
-                        timeout=60)
+                        timeout=60, env=env)
   assert proc.returncode == 0, proc.stderr
   return proc.stdout
 
