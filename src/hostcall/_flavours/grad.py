@@ -17,6 +17,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
+from hostcall import _jax_private
 from hostcall._async import delivery as deliveries
 from hostcall._core.checks import (check_arguments, check_callable,
                                    is_array_like)
@@ -43,9 +44,13 @@ def _check_watched(x, who: str) -> None:
 
 
 def _ordering(ordered: bool) -> str:
-  # Ordered per device, as id_tap is (also under pmap and shard_map): the
-  # backward pass's calls in their order on every device.
-  return "ordered" if ordered else "unordered"
+  # Ordered (XLA may otherwise reorder the backward pass's independent
+  # calls), except where the backward pass runs per device (shard_map,
+  # pmap): there an ordered call in a transposed scan ran many times over
+  # with JAX 0.12, and each device's loop keeps its steps' order anyway.
+  if ordered and not _jax_private.collective_axis_names():
+    return "ordered"
+  return "unordered"
 
 
 def on_backward(x: Any, args: Any, stage: Callable[[Any, Any], None]) -> Any:
