@@ -339,8 +339,10 @@ def pack(values: Sequence, nodes: tuple) -> tuple[list, Plan]:
     slots.append((used, used + size, carrier, tuple(value.shape), dtype))
     used += size
     pieces.append(raw)
-  packs = [jnp.concatenate(pieces) if len(pieces) > 1 else pieces[0]
-           if pieces else jnp.zeros((0,), jnp.uint8)]
+  if not pieces:
+    packs = [jnp.zeros((0,), jnp.uint8)]
+  else:
+    packs = [jnp.concatenate(pieces) if len(pieces) > 1 else pieces[0]]
   return packs, Plan(nodes, tuple(slots))
 
 
@@ -352,10 +354,15 @@ def _carried(value, dtype: np.dtype):
   if jnp.issubdtype(dtype, jnp.complexfloating):
     parts = np.dtype(np.float64 if dtype.itemsize == 16 else np.float32)
     return parts, jnp.stack([jnp.real(value), jnp.imag(value)], axis=-1)
-  if jax.dtypes.finfo(dtype).bits < 8 if jnp.issubdtype(
-      dtype, jnp.floating) else jax.dtypes.iinfo(dtype).bits < 8:
-    wide = np.dtype(np.float32 if jnp.issubdtype(dtype, jnp.floating)
-                    else np.int8 if jnp.issubdtype(dtype, jnp.signedinteger)
-                    else np.uint8)
-    return wide, value.astype(wide)
-  return dtype, value
+  floating = jnp.issubdtype(dtype, jnp.floating)
+  bits = (jax.dtypes.finfo(dtype) if floating else jax.dtypes.iinfo(dtype)).bits
+  if bits >= 8:
+    return dtype, value
+  # Less than a byte (int4, float4): widened exactly.
+  if floating:
+    wide = np.dtype(np.float32)
+  elif jnp.issubdtype(dtype, jnp.signedinteger):
+    wide = np.dtype(np.int8)
+  else:
+    wide = np.dtype(np.uint8)
+  return wide, value.astype(wide)

@@ -178,15 +178,8 @@ def grad_callback(callback: Callable[..., None], x: Any, *args: Any,
                   "with the cotangent of x and the arguments given after x.")
   check_vmap_method(vmap_method)
   _check_watched(x, "hostcall.grad_callback")
-  mode = _delivery_now(delivery)
-
-  def stage(cotangent, saved):
-    saved_args, saved_kwargs = saved
-    with deliveries.delivery(mode):
-      stage_debug("grad_callback", callback, (cotangent, *saved_args),
-                  saved_kwargs, _ordering(ordered), partitioned, vmap_method)
-
-  return on_backward(x, (args, kwargs), stage)
+  return _on_backward_call("grad_callback", callback, x, args, kwargs,
+                           ordered, partitioned, vmap_method, delivery)
 
 
 def grad_print(fmt: str, x: Any, *args: Any, ordered: bool = True,
@@ -223,12 +216,21 @@ def grad_print(fmt: str, x: Any, *args: Any, ordered: bool = True,
   check_vmap_method(vmap_method)
   _check_watched(x, "hostcall.grad_print")
   printer = make_printer(fmt, (x, *args), kwargs, skip_format_check)
+  return _on_backward_call("grad_print", printer, x, args, kwargs, ordered,
+                           partitioned, vmap_method, delivery)
+
+
+def _on_backward_call(flavour: str, fn: Callable, x, args: tuple,
+                      kwargs: dict, ordered: bool, partitioned: bool,
+                      vmap_method: str, delivery: str | None) -> Any:
+  """``x``, whose backward pass stages ``fn(cotangent, *args, **kwargs)``
+  as a debug call of ``flavour``, delivered as ``delivery`` says now."""
   mode = _delivery_now(delivery)
 
   def stage(cotangent, saved):
     saved_args, saved_kwargs = saved
     with deliveries.delivery(mode):
-      stage_debug("grad_print", printer, (cotangent, *saved_args),
-                  saved_kwargs, _ordering(ordered), partitioned, vmap_method)
+      stage_debug(flavour, fn, (cotangent, *saved_args), saved_kwargs,
+                  _ordering(ordered), partitioned, vmap_method)
 
   return on_backward(x, (args, kwargs), stage)

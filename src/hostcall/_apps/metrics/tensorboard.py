@@ -11,6 +11,7 @@ import numpy as np
 
 from hostcall._apps.metrics import registry
 from hostcall._apps.metrics.block import Block, python_values
+from hostcall._apps.metrics.keys import key_of
 from hostcall._apps.metrics.writer import Writer
 
 
@@ -70,13 +71,7 @@ class TensorBoardWriter(Writer):
       values = np.asarray(python_values(values), dtype=np.float64)
       for row, (step, member, device, process) in enumerate(
           zip(steps, members, devices, processes)):
-        tag = name
-        if process is not None:
-          tag += f"/process_{process}"
-        if device is not None:
-          tag += f"/device_{device}"
-        if member is not None:
-          tag += f"/member_{member}"
+        tag = key_of(name, process, device, member)
         if scalar:
           self._writer.add_scalar(tag, float(values[row]), step)
         else:
