@@ -453,3 +453,28 @@ def test_an_ordered_effect_that_is_not_shardable():
   probe = OneDeviceProbeEffect()
   assert effects.ordered_effects.contains(probe)
   assert not effects.shardable_ordered_effects.contains(probe)
+
+
+def test_keep_when_unused_keeps_an_effect_free_equation():
+  from jax.extend import core as jex_core
+  from jax.interpreters import mlir
+  prim = jex_core.Primitive("kept_for_test")
+  prim.multiple_results = True
+  prim.def_abstract_eval(lambda x: [])
+  mlir.register_lowering(prim, lambda ctx, x: [])
+  unkept = jex_core.Primitive("unkept_for_test")
+  unkept.multiple_results = True
+  unkept.def_abstract_eval(lambda x: [])
+  mlir.register_lowering(unkept, lambda ctx, x: [])
+  _jax_private.keep_when_unused(prim)
+
+  def program(x):
+    prim.bind(x)
+    unkept.bind(x)
+    return x
+
+  closed = jax.make_jaxpr(program)(1.0)
+  kept, _ = _jax_private._pe.dce_jaxpr(closed.jaxpr, [True])
+  # JAX's dead-code elimination (which jit's lowering runs) keeps the
+  # equation of a primitive with the rule, drops the other.
+  assert [e.primitive.name for e in kept.eqns] == ["kept_for_test"]

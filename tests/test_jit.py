@@ -13,6 +13,23 @@ from jax import lax
 import hostcall
 from hostcall import host_callback as hcb
 from hostcall._core import deferring
+from hostcall._flavours import jit as jit_module
+
+#: The thread that delivers a program's calls: queued from the device (one
+#: CPU device with the native queue), or deferred to the program's outputs.
+DELIVERER = {"queued": "hostcall-consumer", "outputs": "hostcall-deferred"}
+
+
+@pytest.fixture(autouse=True, params=["queued", "outputs"])
+def mode(request, monkeypatch):
+  """Every test runs both ways hostcall.jit takes a program's calls out."""
+  if request.param == "queued":
+    hostcall.barrier()  # the native queue started
+    if not jit_module._queues_on_this_device():
+      pytest.skip("no native tap queue here: calls become outputs")
+  monkeypatch.setattr(jit_module, "mode",
+                      "auto" if request.param == "queued" else "outputs")
+  return request.param
 
 
 class Log:
@@ -124,7 +141,7 @@ def _by_site(calls):
 
 
 @pytest.mark.parametrize("name", sorted(PROGRAMS))
-def test_same_host_calls_and_results_as_jax_jit(name):
+def test_same_host_calls_and_results_as_jax_jit(name, mode):
   program, args = PROGRAMS[name]
   expected_log, expected = _run(jax.jit, program, args)
   log, got = _run(hostcall.jit, program, args)
@@ -135,8 +152,8 @@ def test_same_host_calls_and_results_as_jax_jit(name):
   assert len(log.calls) == len(expected_log.calls)
   assert expected_log.calls  # every program calls the host
   jax.tree_util.tree_map(np.testing.assert_array_equal, got, expected)
-  # Deferred: delivered by the deferred thread, not by the runtime.
-  assert log.threads == {"hostcall-deferred"}
+  # Taken out: delivered by hostcall's thread, not by the runtime.
+  assert log.threads == {DELIVERER[mode]}
 
 
 @pytest.mark.parametrize("name", sorted(PROGRAMS))
@@ -173,23 +190,91 @@ def test_vmapped_taps_see_the_batch_and_its_transform():
   assert [c[0] for c in log.calls] == ["lane", "dbg", "dbg"]
 
 
-def test_calls_that_must_stay_live_leave_the_program_as_jax_jit_has_it():
+def test_calls_that_must_stay_live_leave_the_program_as_jax_jit_has_it(
+    mode):
   log = Log()
 
   def program(x):
     hostcall.debug_callback(log.fn("before"), x)
-    lax.while_loop(lambda c: c < 2,
-                   lambda c: (hostcall.debug_callback(log.fn("w"), c), c + 1)[1],
-                   0)
-    return x
+    # An io_callback with a result: the program waits for it.
+    return hostcall.io_callback(lambda v: log.fn("io")(v) or v, x, x,
+                                ordered=True)
 
   compiled = hostcall.jit(program)
   assert deferring.analyse(jax.make_jaxpr(program)(1.0)) is None
   assert jax.make_jaxpr(compiled._deferring)(1.0).effects
-  compiled(1.0)
+  assert float(compiled(1.0)) == 1.0
   hostcall.barrier()
-  assert [c[0] for c in log.calls] == ["before", "w", "w"]
-  assert "hostcall-deferred" not in log.threads
+  assert [c[0] for c in log.calls] == ["before", "io"]
+  assert not log.threads & set(DELIVERER.values())
+
+
+def _loops(log, x):
+  def body(c):
+    hostcall.debug_callback(log.fn("while"), c)
+    return c + 1
+  n = lax.while_loop(lambda c: c < x, body, 0)
+  y = lax.cond(x > 1, lambda v: (hostcall.debug_callback(log.fn("big"), v),
+                                 v * 2)[1],
+               lambda v: (hostcall.debug_callback(log.fn("small"), v),
+                          v - 1)[1], x)
+  hostcall.debug_callback(log.fn("after"), n, y)
+  return n, y
+
+
+def test_loops_and_conds_kept_for_their_calls_alone():
+  # Nothing uses their results: only their host calls keep them.
+  log = Log()
+
+  def program(x, p):
+    lax.cond(p, lambda v: hostcall.debug_callback(log.fn("yes"), v),
+             lambda v: hostcall.debug_callback(log.fn("no"), v), x)
+    lax.scan(lambda c, a: (hostcall.debug_callback(log.fn("scan"), a), c)[1:]
+             + (None,), 0, jnp.arange(2))
+    lax.fori_loop(0, 2, lambda i, c: (hostcall.debug_callback(
+        log.fn("fori"), i), c)[1], 0)
+    return x + 1
+
+  compiled = hostcall.jit(program)
+  assert float(compiled(np.float32(1), True)) == 2.0
+  assert float(compiled(np.float32(2), False)) == 3.0
+  hostcall.barrier()
+  assert [c[:2] for c in log.calls] == [
+      ("yes", [1.0]), ("scan", [0]), ("scan", [1]), ("fori", [0]),
+      ("fori", [1]),
+      ("no", [2.0]), ("scan", [0]), ("scan", [1]), ("fori", [0]),
+      ("fori", [1])] or sorted(map(str, log.calls)) == sorted(
+          map(str, [("yes", [1.0], ()), ("no", [2.0], ())]
+              + [("scan", [i], ()) for i in (0, 1, 0, 1)]
+              + [("fori", [i], ()) for i in (0, 1, 0, 1)]))
+
+
+def test_taps_in_while_loops_and_conds(mode):
+  # Queued from the device, the calls of a while_loop's steps and of the
+  # branch taken are taken out too; as outputs, the program stays live.
+  compiled = hostcall.jit(functools.partial(_loops, (log := Log())))
+  results = [compiled(np.int32(i)) for i in (1, 3)]
+  hostcall.barrier()
+  expected_log = Log()
+  expected = [jax.jit(functools.partial(_loops, expected_log))(np.int32(i))
+              for i in (1, 3)]
+  hostcall.barrier()
+  # Queued: in program order (jax.jit may move unordered calls, and so
+  # may the live program: the same calls of each site).
+  queued = mode == "queued"
+  assert (log.calls == [
+      ("while", [0], ()), ("small", [1], ()), ("after", [1, 0], ()),
+      ("while", [0], ()), ("while", [1], ()), ("while", [2], ()),
+      ("big", [3], ()), ("after", [3, 6], ())]) or not queued
+  assert _by_site(log.calls) == _by_site(expected_log.calls)
+  assert jax.tree_util.tree_map(int, results) == jax.tree_util.tree_map(
+      int, expected)
+  assert deferring.analyse(jax.make_jaxpr(
+      functools.partial(_loops, Log()))(np.int32(1)),
+                           queued=queued) is (True if queued else None)
+  assert bool(jax.make_jaxpr(compiled._deferring)(np.int32(1)).effects) is (
+      not queued)
+  assert (log.threads == {"hostcall-consumer"}) is queued
 
 
 def test_a_pure_callback_with_results_stays_and_the_taps_are_deferred():
@@ -369,7 +454,9 @@ def test_exit_without_a_barrier_delivers_every_call(tmp_path):
   assert proc.stdout.splitlines() == [f"step {i}" for i in range(500)]
 
 
-def test_slow_host_functions_bound_what_waits_and_lose_nothing():
+def test_slow_host_functions_bound_what_waits_and_lose_nothing(mode):
+  if mode == "queued":
+    pytest.skip("outputs' own bound; the queue's: tests/test_async.py")
   from hostcall._async.deferred import deferred
   seen = []
   before = deferred.capacity
@@ -434,7 +521,7 @@ def test_static_and_donated_arguments_found_by_name_or_position():
                        ("triple", [[1.0, 2.0]], ())]
 
 
-def test_debug_nans_rerun_makes_the_host_calls_as_jax_jits_does():
+def test_debug_nans_rerun_makes_the_host_calls_as_jax_jits_does(mode):
   # jax_debug_nans reruns a call whose outputs have a NaN, de-optimized:
   # its host calls run during that rerun, before the error is raised.
   log = Log()
@@ -451,17 +538,22 @@ def test_debug_nans_rerun_makes_the_host_calls_as_jax_jits_does():
   finally:
     jax.config.update("jax_debug_nans", False)
   hostcall.barrier()
-  assert log.calls == [("before", [[-1.0, 1.0]], ())]
+  # As jax.jit: the call of the optimized program and of the rerun; as
+  # outputs, the optimized program's are not delivered (its outputs are
+  # not handed back).
+  runs = 2 if mode == "queued" else 1
+  assert log.calls == [("before", [[-1.0, 1.0]], ())] * runs
   assert float(f(jnp.float32(1.0))) == 0.0  # the same function goes on
   hostcall.barrier()
-  assert log.calls[1:] == [("before", [1.0], ())]
-  assert "hostcall-deferred" in log.threads
+  assert log.calls[runs:] == [("before", [1.0], ())]
+  assert DELIVERER[mode] in log.threads
 
 
 def test_live_host_calls_may_run_before_earlier_deferred_ones():
-  # The deferred call of the first step waits until the second program's
-  # live call (a while_loop keeps its program as jax.jit has it) has run:
-  # under hostcall.jit the live call does not wait for deferred ones.
+  # The taken-out call of the first step waits until the second program's
+  # live call (an io_callback with a result keeps its program as jax.jit
+  # has it) has run: under hostcall.jit the live call does not wait for
+  # taken-out ones.
   seen = []
   live_ran = threading.Event()
 
@@ -471,19 +563,21 @@ def test_live_host_calls_may_run_before_earlier_deferred_ones():
   def live_host(v):
     seen.append(("live", int(v)))
     live_ran.set()
+    return v
 
   deferred_step = hostcall.jit(
       lambda x: (hostcall.debug_callback(deferred_host, x), x + 1)[1])
-  live_step = hostcall.jit(lambda x: lax.while_loop(
-      lambda c: c < x + 1,
-      lambda c: (hostcall.debug_callback(live_host, c), c + 1)[1], x))
+  live_step = hostcall.jit(
+      lambda x: hostcall.io_callback(live_host, x, x, ordered=True) + 1)
   assert int(deferred_step(np.int32(0))) == 1
   assert int(live_step(np.int32(5))) == 6
   hostcall.barrier()
   assert seen == [("live", 5), ("deferred", 0, True)]
 
 
-def test_a_scans_deferred_values_are_stacked_on_the_device():
+def test_a_scans_deferred_values_are_stacked_on_the_device(mode):
+  if mode == "queued":
+    pytest.skip("queued calls are not outputs")
   def program(x):
     def body(c, a):
       hcb.id_tap(lambda v, t: None, (a, c))  # float32 and int32: 8 bytes
@@ -525,28 +619,40 @@ def test_a_tap_in_a_checkpointed_function_keeps_the_program_live():
   assert log.calls == under_jax_jit == [("top", [[0.0, 1.0]], ()),
                                         ("in layer", [0.0, 1.0], ()),
                                         ("in layer", [0.0, 1.0], ())]
-  assert "hostcall-deferred" not in log.threads
+  assert not log.threads & set(DELIVERER.values())
 
 
-def test_a_call_that_fails_while_it_runs_delivers_none_of_its_calls():
-  log = Log()
+def test_a_call_that_fails_while_it_runs(mode):
+  # Queued from the device, a call the program made before it failed is
+  # delivered, as under jax.jit (XLA may order the failing call first);
+  # deferred to its outputs, none of a failing program's calls is (it has
+  # no outputs).
+  logs = {}
+  for name, jit in (("jax", jax.jit), ("hostcall", hostcall.jit)):
+    log = logs[name] = Log()
 
-  def boom(v):
-    raise ValueError("boom")
+    def boom(v):
+      raise ValueError("boom")
 
-  @hostcall.jit
-  def f(x, fail):
-    hostcall.debug_callback(log.fn("made"), x)
-    y = jnp.where(fail, hostcall.pure_callback(
-        lambda v, b: boom(v) if b else v, x, x, fail), x)
-    return y + 1
+    def f(x, fail):
+      hostcall.debug_callback(log.fn("made"), x)
+      y = jnp.where(fail, hostcall.pure_callback(
+          lambda v, b: boom(v) if b else v, x, x, fail), x)
+      return y + 1
 
-  assert float(f(np.float32(1), False)) == 2.0
-  with pytest.raises(Exception, match="boom"):
-    np.asarray(f(np.float32(2), True))
-  assert float(f(np.float32(3), False)) == 4.0
-  hostcall.barrier()
-  assert log.calls == [("made", [1.0], ()), ("made", [3.0], ())]
+    compiled = jit(f)
+    assert float(compiled(np.float32(1), False)) == 2.0
+    with pytest.raises(Exception, match="boom"):
+      np.asarray(compiled(np.float32(2), True))
+    assert float(compiled(np.float32(3), False)) == 4.0
+    hostcall.barrier()
+  made = [("made", [float(i)], ()) for i in (1, 2, 3)]
+  assert logs["jax"].calls == made
+  if mode == "queued":  # made or not, as XLA orders it and the failure
+    assert [c for c in logs["hostcall"].calls if c != made[1]] == [
+        made[0], made[2]]
+  else:
+    assert logs["hostcall"].calls == [made[0], made[2]]
 
 
 def test_sys_exit_in_a_host_function_stops_nothing_and_the_barrier_says():
@@ -569,7 +675,9 @@ def test_sys_exit_in_a_host_function_stops_nothing_and_the_barrier_says():
   assert log.calls == [("after", [float(i)], ()) for i in range(4)]
 
 
-def test_a_host_function_of_another_program_never_waits_for_room():
+def test_a_host_function_of_another_program_never_waits_for_room(mode):
+  if mode == "queued":
+    pytest.skip("outputs' own bound; the queue's: tests/test_async.py")
   # The deferred thread holds a full buffer until the main thread's
   # jax.jit program returns; that program's host function calls a
   # hostcall.jit program: waiting for room there would wait for itself.
@@ -643,3 +751,32 @@ def test_a_method_binds_as_jax_jits_does():
   assert float(Model.step(model, np.float32(1))) == 3.0
   hostcall.barrier()
   assert log.calls == [("step", [6.0], ()), ("step", [3.0], ())]
+
+
+@pytest.mark.parametrize("route", ["ffi", "python"])
+def test_queued_calls_of_every_dtype_through_either_emitter(mode, route,
+                                                            monkeypatch):
+  # Queued calls go through the native handler, or, where the emission
+  # table routes them to Python, a runtime callback: the same values. Many
+  # operands of whole bytes travel packed into one buffer.
+  if mode != "queued":
+    pytest.skip("queued calls only")
+  from hostcall._core import emission
+  if route == "python":
+    monkeypatch.setattr(emission, "route", lambda *args: "python")
+  program, args = PROGRAMS["dtypes"]
+  expected_log, _ = _run(jax.jit, program, args, calls=1)
+  log, _ = _run(hostcall.jit, program, args, calls=1)
+  assert log.calls == expected_log.calls
+
+  def packed(x):
+    hostcall.debug_callback(log.fn("packed"), x, x.astype(jnp.int8), x > 0,
+                            x.astype(jnp.bfloat16), x.astype(jnp.int16),
+                            jnp.zeros((0, 3), jnp.float16))
+    return x
+
+  log.calls.clear()
+  hostcall.jit(packed)(np.float32([-1.5, 2.0]))
+  hostcall.barrier()
+  assert log.calls == [("packed", [[-1.5, 2.0], [-1, 2], [False, True],
+                                   [-1.5, 2.0], [-1, 2], []], ())]

@@ -5,13 +5,17 @@ calls, values, order and transforms, and return the same results.
 Deselected: what hostcall.jit documents as different (docs/performance.md,
 "A Python loop over a jitted step"): a failing host function is reported by
 the next barrier instead of failing the call, and deferred calls do not go
-through the asynchronous queue (its statistics stay still).
+through the asynchronous queue (its statistics stay still). Both ways
+hostcall.jit takes calls out are run: queued from the device and deferred
+to outputs.
 """
 
 import os
 import pathlib
 import subprocess
 import sys
+
+import pytest
 
 HERE = pathlib.Path(__file__).parent
 
@@ -31,7 +35,10 @@ DIFFERENT = {
 }
 
 
-def test_tap_programs_see_the_same_under_hostcall_jit():
+@pytest.mark.parametrize("mode", ["auto", "outputs"])
+def test_tap_programs_see_the_same_under_hostcall_jit(mode):
+  # auto: queued from the device (one CPU device, the native queue);
+  # outputs: deferred to the program's outputs, as on other devices.
   deselect = [arg for name in sorted(DIFFERENT)
               for arg in ("--deselect", f"tests/{name}")]
   proc = subprocess.run(
@@ -39,6 +46,6 @@ def test_tap_programs_see_the_same_under_hostcall_jit():
        "-p", "tests.jit_differential.plugin", *deselect,
        *[f"tests/{f}" for f in FILES]],
       capture_output=True, text=True, timeout=900, cwd=HERE.parent,
-      env=dict(os.environ))
+      env=dict(os.environ, HOSTCALL_JIT_MODE=mode))
   assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
   assert " passed" in proc.stdout

@@ -497,3 +497,14 @@ def distributed_client():
   if state.client is None:
     return None
   return state.client, state.process_id, state.num_processes
+
+
+def keep_when_unused(primitive) -> None:
+  """Makes JAX's dead-code elimination keep every equation of
+  ``primitive`` although it has no effect and its results may go unused
+  (``pe.dce_rules``): its side effect lives in the compiled program only
+  (an XLA custom call with a side effect, which XLA keeps)."""
+  def keep(used_outputs, eqn):
+    del used_outputs
+    return [True] * len(eqn.invars), eqn
+  _pe.dce_rules[primitive] = keep

@@ -1,14 +1,22 @@
 """A pytest plugin: ``jax.jit`` called from a test module is ``hostcall.jit``,
-whose call then waits for its deferred host calls (so that a test that
-checks the host right after the call checks what was delivered)."""
+whose call then waits for the host calls it took out (deferred to outputs
+or queued from the device), so that a test that checks the host right
+after the call checks what was delivered. ``HOSTCALL_JIT_MODE=outputs``
+makes hostcall.jit defer to outputs everywhere."""
 
 import functools
+import os
 import sys
 
 import jax
 
 import hostcall
+from hostcall._async import queue
 from hostcall._async.deferred import deferred
+from hostcall._core.context import why_waiting_is_forbidden
+from hostcall._flavours import jit as jit_module
+
+jit_module.mode = os.environ.get("HOSTCALL_JIT_MODE", "auto")
 
 _jax_jit = jax.jit
 
@@ -21,6 +29,9 @@ class _Waiting:
   def __call__(self, *args, **kwargs):
     out = self._jitted(*args, **kwargs)
     deferred.drain()
+    if why_waiting_is_forbidden() is None:  # not inside a host function
+      deferred.settle_queued()
+      queue.consumer.drain()
     return out
 
   def __getattr__(self, name):

@@ -58,6 +58,22 @@ class Deferred:
     self._bytes = self._submitted = self._delivered = self._hurry = 0
     self._thread = None
 
+  #: Whether a ``hostcall.jit`` program queued its calls from the device
+  #: (``hostcall._core.threaded``) since the last barrier.
+  queued_since_barrier = False
+
+  def settle_queued(self) -> None:
+    """Waits until the programs that queue their calls from the device,
+    dispatched so far, have run (so that the queue holds their calls):
+    they have no effect JAX would wait for, but a device runs programs in
+    the order they were dispatched, so one dispatched now runs after
+    them."""
+    if not self.queued_since_barrier:
+      return
+    self.queued_since_barrier = False
+    with jax.transfer_guard("allow"):
+      _after_the_others().block_until_ready()
+
   @property
   def is_deliverer(self) -> bool:
     return threading.current_thread() is self._thread
@@ -201,6 +217,15 @@ def _accelerated() -> bool:
   """Whether the default devices are not the host's (on a CPU a fetch is a
   view: nothing to start ahead)."""
   return jax.default_backend() != "cpu"
+
+
+@functools.cache
+def _settling_program():
+  return jax.jit(lambda: jax.numpy.zeros((), np.uint8))
+
+
+def _after_the_others():
+  return _settling_program()()
 
 
 def _run_one(target, operands, context) -> None:

@@ -183,7 +183,25 @@ ffi::Error EnqueueOrdered(int64_t site, ffi::Span<const int64_t> nbytes,
   return Push(site, nbytes, args);
 }
 
+// An effect-free program orders its taps by a value each returns and the
+// next takes (hostcall.jit); the value itself carries nothing.
+ffi::Error EnqueueThreaded(int64_t site, ffi::Span<const int64_t> nbytes,
+                           ffi::AnyBuffer, ffi::RemainingArgs args,
+                           ffi::Result<ffi::AnyBuffer> order) {
+  std::memset(order->untyped_data(), 0, order->size_bytes());
+  return Push(site, nbytes, args);
+}
+
 }  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    hostcall_enqueue_threaded, EnqueueThreaded,
+    ffi::Ffi::Bind()
+        .Attr<int64_t>("site")
+        .Attr<ffi::Span<const int64_t>>("nbytes")
+        .Arg<ffi::AnyBuffer>()
+        .RemainingArgs()
+        .Ret<ffi::AnyBuffer>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     hostcall_enqueue, Enqueue,
@@ -248,6 +266,34 @@ void hostcall_describe(void* handle, int64_t* out) {
   out[1] = item->key;
   out[2] = reinterpret_cast<int64_t>(item->data.data());
   out[3] = static_cast<int64_t>(item->data.size());
+}
+
+// Describes n items at once: 4 int64 each in out, as hostcall_describe.
+void hostcall_describe_many(void** handles, int64_t n, int64_t* out) {
+  for (int64_t i = 0; i < n; ++i) hostcall_describe(handles[i], out + 4 * i);
+}
+
+// Copies the data of every item of less than `below` bytes, one after the
+// other, into dest, and frees them and the items without data (their room
+// given back already); items of `below` bytes or more are left to the
+// caller (handed over as views, freed with hostcall_free).
+void hostcall_copy_free_many(void** handles, int64_t n, int64_t below,
+                             char* dest) {
+  Queue& q = queue();
+  for (int64_t i = 0; i < n; ++i) {
+    Item* item = static_cast<Item*>(handles[i]);
+    const int64_t size = static_cast<int64_t>(item->data.size());
+    if (item->key == 0 && size >= below) continue;
+    if (item->key == 0 && size) {
+      std::memcpy(dest, item->data.data(), size);
+      dest += size;
+    }
+    {
+      std::lock_guard<std::mutex> lock(q.mu);
+      KeepBlock(q, std::move(item->data));
+    }
+    delete item;
+  }
 }
 
 // Queues an item whose arrays the Python side holds under `key` (the

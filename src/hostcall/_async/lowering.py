@@ -17,6 +17,7 @@ import numpy as np
 from hostcall import _jax_private
 from hostcall._async import queue
 from hostcall._core import emission
+from hostcall._core.context import make_context
 from hostcall._core.targets import HostTarget
 
 
@@ -49,6 +50,47 @@ def emit(ctx, target: HostTarget, contexts, token, operands, operand_avals,
   if op_sharding is not None:
     _jax_private.set_sharding(ctx.module_context, op, op_sharding)
   return op.results[0] if token is not None else None
+
+
+def emit_threaded(ctx, target: HostTarget, transforms, device_index: int,
+                  order, operands, packed=None):
+  """Emits the queueing of ``operands`` ordered by the value ``order``
+  (``hostcall._core.threaded``); returns the value the next call takes.
+  ``packed``: the avals of the values packed into the one operand of
+  bytes, if they were. The native handler where the emission table routes
+  ``"enqueue"`` to it, else a runtime Python callback that pushes copies
+  (and returns zero)."""
+  consumer = queue.consumer
+  consumer.start()
+  order_aval, *operand_avals = ctx.avals_in
+  device, _ = emission.caller(ctx, device_index)
+  contexts = make_context(transforms, device)
+  layouts = queue.layouts_of(packed or operand_avals)
+  if (layouts is None
+      or emission.route(ctx, "enqueue", consumer.native) == "python"):
+    site = queue.sites.add(target, contexts)
+    push = push_callback(site)
+    zero = np.zeros((), np.uint8)
+
+    def callback(_, *flat):
+      if packed:
+        flat = queue.decode(layouts, np.asarray(flat[0]).tobytes())
+      push(*flat)
+      return (zero,)
+    results, _, _ = _jax_private.emit_python_callback(
+        ctx, callback, None, [order, *operands],
+        [order_aval, *operand_avals], [order_aval], has_side_effect=True,
+        returns_token=False)
+    return results[0]
+  site = queue.sites.add(target, contexts, layouts)
+  _jax_private.keep_with_executable(ctx, site)
+  op = jax.ffi.build_ffi_lowering_function(
+      "hostcall_enqueue_threaded", has_side_effect=True)(
+          ctx, order, *operands, site=np.int64(site.site),
+          nbytes=np.array([sum(layout.nbytes for layout in layouts)] if packed
+                          else [layout.nbytes for layout in layouts],
+                          np.int64))
+  return op.results[0]
 
 
 def push_callback(site: queue.SiteRef):

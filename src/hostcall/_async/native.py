@@ -21,13 +21,17 @@ LIBRARY = libraries.Library(
         "hostcall_uncount_many": ([ctypes.POINTER(_vp), _i64], None),
         "hostcall_free": ([_vp], None),
         "hostcall_describe": ([_vp, _p64], None),
+        "hostcall_describe_many": ([ctypes.POINTER(_vp), _i64, _p64], None),
+        "hostcall_copy_free_many": ([ctypes.POINTER(_vp), _i64, _i64,
+                                     ctypes.c_char_p], None),
         "hostcall_push_host": ([_i64, _i64, _i64], None),
         "hostcall_become_consumer": ([], None),
         "hostcall_set_bypass": ([_i64], None),
         "hostcall_set_capacity": ([_i64], None),
         "hostcall_stats": ([_p64], None),
     },
-    handlers={"enqueue": ("hostcall_enqueue", "hostcall_enqueue_ordered")},
+    handlers={"enqueue": ("hostcall_enqueue", "hostcall_enqueue_ordered",
+                         "hostcall_enqueue_threaded")},
     what="tap queue",
     fallback="asynchronous taps use the pure-Python queue (same guarantees, "
     "slower)")

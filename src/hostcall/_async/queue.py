@@ -38,7 +38,7 @@ from hostcall import _jax_private
 from hostcall._async import native, queues
 from hostcall._async.deferred import deferred
 from hostcall._core import calls, errors
-from hostcall._core.targets import HostTarget
+from hostcall._core.targets import HostTarget, Steps
 
 logger = logging.getLogger("hostcall")
 
@@ -201,7 +201,50 @@ class _Sites:
 sites = _Sites()
 
 
-def _decode(layouts, raw: bytes) -> list:
+def _runs(batch: list) -> list:
+  """The batch's items in runs of consecutive items of one call site."""
+  runs: list = []
+  for item in batch:
+    if runs and runs[-1][0][0] == item[0]:
+      runs[-1].append(item)
+    else:
+      runs.append([item])
+  return runs
+
+
+def _columns(target, layouts, items: list) -> list:
+  """The operands of several queued calls of one site, each stacked
+  ``(calls, *shape)``: read at once where every operand is whole bytes."""
+  raws = [raw for _, arrays, raw in items]
+  if (layouts is not None and all(isinstance(raw, bytes) for raw in raws)
+      and all(layout.bits % 8 == 0 and layout.count for layout in layouts)):
+    rows = np.frombuffer(b"".join(raws), np.uint8).reshape(len(raws), -1)
+    columns, at = [], 0
+    for layout in layouts:
+      block = rows[:, at:at + layout.nbytes]
+      at += layout.nbytes
+      columns.append(np.ascontiguousarray(block).view(layout.dtype).reshape(
+          (len(raws), *layout.shape)))
+    return columns
+  flats = []
+  for _, arrays, raw in items:
+    if arrays is None:
+      _check_readable(target, raw)
+      arrays = decode(layouts, raw)
+    flats.append(arrays)
+  return [np.stack(column) for column in zip(*flats)]
+
+
+def _check_readable(target, raw) -> None:
+  if isinstance(raw, queues.Unreadable):
+    raise RuntimeError(
+        f"a queued call of {target!r} ({raw.size} bytes) could not be read "
+        f"into Python ({type(raw.exc).__name__}: "
+        f"{errors.safe_str(raw.exc)}) and was dropped; send less at once "
+        "(or free host memory).") from raw.exc
+
+
+def decode(layouts, raw: bytes) -> list:
   arrays, offset = [], 0
   for layout in layouts:
     arrays.append(layout.decode(raw, offset))
@@ -308,26 +351,26 @@ class Consumer:
         logger.exception("hostcall: the asynchronous queue failed")
         time.sleep(0.01)
         continue
-      # Each item let go of before it counts as delivered: whoever waits
-      # for it (a barrier) finds its values (maybe large) released.
-      batch.reverse()
-      while batch:
-        item = batch.pop()
-        site = item[0]
+      # Items let go of before they count as delivered: whoever waits for
+      # them (a barrier) finds their values (maybe large) released.
+      for group in _runs(batch):
+        site = group[0][0]
         self._delivering = True
         try:
-          self._deliver(*item)
+          self._deliver_run(site, group)
         except BaseException as exc:  # noqa: BLE001 - the consumer never dies
           errors.postpone(exc, f"delivering a queued call of site {site}")
         finally:
-          item = None
+          n = len(group)
+          group = None
           self._delivering = False
           if self._bypassing:
             self._bypassing = False
             q.set_bypass(False)
           with self._done:
-            self._delivered += 1
+            self._delivered += n
             self._done.notify_all()
+      batch = None
       try:
         self.prune()
       except BaseException:  # noqa: BLE001 - the consumer never dies
@@ -361,16 +404,31 @@ class Consumer:
     return False
 
   @staticmethod
+  def _deliver_run(site: int, items: list) -> None:
+    """Delivers consecutive items of one call site: a vectorised target
+    (a metrics row) gets them all in one ``deliver_steps``; any other
+    target each in turn, in one call context, each failing alone."""
+    target, contexts, layouts = sites.get(site)
+    if len(items) == 1 or isinstance(contexts, list) or callable(contexts):
+      for item in items:
+        Consumer._deliver(*item)
+      return
+    columns = _columns(target, layouts, items)
+    if target.deliver_steps is not None:
+      rank = len(contexts.batch_levels)
+      stacked = [np.moveaxis(c, 0, rank) if rank else c for c in columns]
+      calls.run(Steps(target, len(items)), stacked, contexts,
+                asynchronous=True)
+    else:
+      calls.run_each(target, [[c[i, ...] for c in columns]
+                              for i in range(len(items))], contexts)
+
+  @staticmethod
   def _deliver(site: int, arrays, raw) -> None:
     target, contexts, layouts = sites.get(site)
-    if isinstance(raw, queues.Unreadable):
-      raise RuntimeError(
-          f"a queued call of {target!r} ({raw.size} bytes) could not be read "
-          f"into Python ({type(raw.exc).__name__}: "
-          f"{errors.safe_str(raw.exc)}) and was dropped; send less at once "
-          "(or free host memory).") from raw.exc
     if arrays is None:
-      arrays = _decode(layouts, raw)
+      _check_readable(target, raw)
+      arrays = decode(layouts, raw)
     if isinstance(contexts, list):
       *arrays, pid = arrays
       context = contexts[int(pid)]
@@ -423,11 +481,13 @@ def wait() -> None:
   forked child, nothing: those computations and taps are the parent's."""
   if consumer.forked:
     return
+  deferred.settle_queued()
   _jax_private.wait_for_effects()
   for _ in range(_MAX_BARRIER_ROUNDS):
     pushed, submitted = consumer.pushed(), deferred.submitted()
     deferred.drain(count=submitted)
     consumer.drain(count=pushed)
+    deferred.settle_queued()
     _jax_private.wait_for_effects()  # what the delivered host functions ran
     if consumer.pushed() == pushed and deferred.submitted() == submitted:
       consumer.prune()  # what the barrier saw delivered is released now

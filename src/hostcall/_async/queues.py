@@ -91,7 +91,7 @@ class NativeQueue:
     self.lib = lib
     self.set_capacity(capacity)
     self._handles = (ctypes.c_void_p * self.BATCH)()
-    self._describe = (ctypes.c_int64 * 4)()
+    self._descriptions = (ctypes.c_int64 * (4 * self.BATCH))()
     # Arrays queued from Python, by key, until the consumer reaches them.
     self._held: dict[int, list] = {}
     self._keys = itertools.count(1)
@@ -127,12 +127,44 @@ class NativeQueue:
                          int(gather * 1e6), self._handles)
     if not n:
       return []
-    handles, desc, items = self._handles, self._describe, []
-    kept = []  # large items, handed over as views: freed when they die
+    handles, items = self._handles, []
+    lib.held.hostcall_describe_many(handles, n, self._descriptions)
+    described = self._descriptions[:4 * n]
+    # Every popped item gives back its room in the queue at once, whatever
+    # happens while reading it.
+    lib.held.hostcall_uncount_many(handles, n)
+    small = sum(size for key, size in zip(described[1::4], described[3::4])
+                if not key and size < ZERO_COPY_BYTES)
+    try:
+      # One copy for every small item, read into Python at once.
+      buffer = ctypes.create_string_buffer(small) if small else None
+    except BaseException as exc:  # noqa: BLE001 - e.g. MemoryError
+      return self._take_one_by_one(n, exc)
+    lib.held.hostcall_copy_free_many(handles, n, ZERO_COPY_BYTES, buffer)
+    data = buffer.raw if small else b""
+    at = 0
+    for i in range(n):
+      site, key, address, size = described[4 * i:4 * i + 4]
+      if key:
+        items.append((site, self._held.pop(key, None), None))
+      elif size >= ZERO_COPY_BYTES:
+        # Large: handed over as a view, freed when the last array dies.
+        items.append((site, None, _Block.view(lib, handles[i], address,
+                                              size)))
+      else:
+        items.append((site, None, data[at:at + size]))
+        at += size
+    return items
+
+  def _take_one_by_one(self, n: int, failure: BaseException) -> list:
+    """The popped items when one buffer for all could not be had: each
+    read alone; one that cannot be is said so, counted and released (the
+    barrier raises instead of waiting for it forever)."""
+    lib, handles, items = self.lib, self._handles, []
+    kept = []
     try:
       for i in range(n):
-        lib.held.hostcall_describe(handles[i], desc)
-        site, key, address, size = desc[0], desc[1], desc[2], desc[3]
+        site, key, address, size = self._descriptions[4 * i:4 * i + 4]
         if key:
           items.append((site, self._held.pop(key, None), None))
           continue
@@ -144,17 +176,13 @@ class NativeQueue:
         try:
           raw = ctypes.string_at(address, size) if size else b""
         except BaseException as exc:  # noqa: BLE001 - e.g. MemoryError
-          # The item is lost, but said so, counted and released: the
-          # barrier raises instead of waiting for it forever.
           raw = Unreadable(size, exc)
         items.append((site, None, raw))
     finally:
-      # Every popped item gives back its room in the queue, whatever
-      # happened while reading it; copied ones are freed now.
-      lib.held.hostcall_uncount_many(handles, n)
       for i in range(n):
         if i not in kept:
           lib.held.hostcall_free(handles[i])
+    del failure
     return items
 
   def stats(self) -> dict:

@@ -119,6 +119,16 @@ def run(target: HostTarget, flat_args: Sequence[np.ndarray],
   raise failure
 
 
+def run_each(target: HostTarget, flats: Sequence[Sequence[np.ndarray]],
+             context: CallContext) -> None:
+  """Runs ``target`` for each of several queued calls of one call site,
+  in order, in one call context: each fails alone, postponed to the
+  barrier (as ``run(..., asynchronous=True)`` would)."""
+  with calling(context, True):
+    for flat_args in flats:
+      deliver(target, flat_args, context)
+
+
 def is_host_function_entry(frame) -> bool:
   """Whether ``frame`` is where hostcall calls a host function (the frames
   above it are the function's, and whatever interrupts it)."""

@@ -38,6 +38,7 @@ import numpy as np
 from jax.extend import core as jex_core
 
 from hostcall import _jax_private
+from hostcall._core import threaded
 from hostcall._core.context import make_context
 from hostcall._core.primitive import hostcall_p
 from hostcall._core.targets import HostTarget, Steps
@@ -176,11 +177,13 @@ def _is_jit(eqn) -> bool:
   return eqn.primitive.name in ("pjit", "jit") and "jaxpr" in eqn.params
 
 
-def analyse(jaxpr) -> bool | None:
+def analyse(jaxpr, queued: bool = False) -> bool | None:
   """Whether ``jaxpr`` (a closed or open jaxpr) can be deferred: True if
   it has deferrable host calls and nothing that must stay live (see the
   module's docstring), False if it has nothing to defer, None if it has
-  host calls or effects that must run where they are."""
+  host calls or effects that must run where they are. ``queued``: the
+  calls are to be queued from the device (``evaluate_threaded``), which
+  reaches the bodies of ``while_loop`` and the branches of ``cond`` too."""
   found = False
   for eqn in _jaxpr_of(jaxpr).eqns:
     if eqn.primitive is hostcall_p:
@@ -190,16 +193,24 @@ def analyse(jaxpr) -> bool | None:
       if eqn.effects:
         return None
       continue  # a call without an effect: no order to keep
-    inner = None
+    inners = []
     if _is_jit(eqn):
-      inner = eqn.params["jaxpr"]
+      inners = [eqn.params["jaxpr"]]
     elif eqn.primitive.name == "scan" and _scan_layout(eqn) is not None:
-      inner = eqn.params["jaxpr"]
-    if inner is not None:
-      verdict = analyse(inner)
-      if verdict is None:
+      inners = [eqn.params["jaxpr"]]
+    elif queued and eqn.primitive.name == "while":
+      # The predicate stays as it is: it may not call the host.
+      if analyse(eqn.params["cond_jaxpr"], queued) is not False:
         return None
-      found = found or verdict
+      inners = [eqn.params["body_jaxpr"]]
+    elif queued and eqn.primitive.name == "cond":
+      inners = list(eqn.params["branches"])
+    if inners:
+      for inner in inners:
+        verdict = analyse(inner, queued)
+        if verdict is None:
+          return None
+        found = found or verdict
     elif eqn.effects:
       return None
   return found
@@ -224,11 +235,31 @@ def _scan_layout(eqn):
 # --- evaluating a program with its calls deferred ---------------------------
 
 class _Recorder:
-  """What one trace level (the program, or one loop body) defers."""
+  """What one trace level (the program, or one loop body) defers: as
+  outputs (``nodes`` and ``values``), or, when ``order`` is given, as
+  queued calls threading that value (``threaded``)."""
 
-  def __init__(self):
+  def __init__(self, order=None):
     self.nodes: list = []
     self.values: list = []
+    self.order = order
+
+  def record(self, eqn, invals) -> None:
+    params = eqn.params
+    operands = [jnp.asarray(x, v.aval.dtype)
+                for x, v in zip(invals, eqn.invars)]
+    if self.order is not None:
+      self.order = threaded.bind(
+          self.order, operands, target=params["target"],
+          transforms=params["transforms"],
+          device_index=params["device_index"])
+      return
+    self.nodes.append(Call(
+        params["target"], params["transforms"],
+        tuple(tuple(v.aval.shape) for v in eqn.invars),
+        tuple(np.dtype(v.aval.dtype) for v in eqn.invars),
+        params["device_index"]))
+    self.values.extend(operands)
 
 
 def evaluate(closed_jaxpr, args: Sequence) -> tuple[list, list, tuple]:
@@ -241,8 +272,20 @@ def evaluate(closed_jaxpr, args: Sequence) -> tuple[list, list, tuple]:
   return outs, recorder.values, tuple(recorder.nodes)
 
 
+def evaluate_threaded(closed_jaxpr, args: Sequence) -> list:
+  """Evaluates ``closed_jaxpr`` on ``args`` (in the current trace) with
+  its deferrable calls queued without a JAX effect, in program order
+  (``hostcall._core.threaded``); returns the outputs."""
+  recorder = _Recorder(order=threaded.start_order())
+  outs = _evaluate(_jaxpr_of(closed_jaxpr), closed_jaxpr.consts, args,
+                   recorder)
+  threaded.end(recorder.order)
+  return outs
+
+
 def _evaluate(jaxpr, consts, args, recorder: _Recorder) -> list:
   env: dict = {}
+  queued = recorder.order is not None
 
   def read(atom):
     return atom.val if isinstance(atom, jex_core.Literal) else env[atom]
@@ -257,23 +300,23 @@ def _evaluate(jaxpr, consts, args, recorder: _Recorder) -> list:
   for eqn in jaxpr.eqns:
     invals = [read(v) for v in eqn.invars]
     if eqn.primitive is hostcall_p and _deferrable_call(eqn):
-      recorder.nodes.append(Call(
-          eqn.params["target"], eqn.params["transforms"],
-          tuple(tuple(v.aval.shape) for v in eqn.invars),
-          tuple(np.dtype(v.aval.dtype) for v in eqn.invars),
-          eqn.params["device_index"]))
-      recorder.values.extend(jnp.asarray(x, v.aval.dtype)
-                             for x, v in zip(invals, eqn.invars))
+      recorder.record(eqn, invals)
       outs = invals if eqn.params["kind"] == "tap" else []
-    elif _is_jit(eqn) and analyse(eqn.params["jaxpr"]):
+    elif _is_jit(eqn) and analyse(eqn.params["jaxpr"], queued):
       inner = eqn.params["jaxpr"]
       outs = _constrained(_evaluate(
           _jaxpr_of(inner), inner.consts,
           _constrained(invals, eqn.params.get("in_shardings")), recorder),
           eqn.params.get("out_shardings"))
     elif (eqn.primitive.name == "scan" and _scan_layout(eqn) is not None
-          and analyse(eqn.params["jaxpr"])):
+          and analyse(eqn.params["jaxpr"], queued)):
       outs = _scan(eqn, invals, recorder)
+    elif (queued and eqn.primitive.name == "while"
+          and analyse(eqn.params["body_jaxpr"], queued)):
+      outs = _while(eqn, invals, recorder)
+    elif (queued and eqn.primitive.name == "cond"
+          and any(analyse(b, queued) for b in eqn.params["branches"])):
+      outs = _cond(eqn, invals, recorder)
     else:
       outs = _jax_private.bind_equation(eqn, invals)
     if not eqn.primitive.multiple_results:
@@ -308,23 +351,79 @@ def _scan(eqn, invals, recorder: _Recorder) -> list:
   init = invals[num_consts:num_consts + num_carry]
   xs = invals[num_consts + num_carry:]
   inner = _Recorder()
+  threading_order = recorder.order is not None
 
   def step(carry, x):
     inner.nodes.clear()
     inner.values.clear()
+    if threading_order:
+      inner.order, *carry = carry
     outs = _evaluate(_jaxpr_of(body), body.consts, [*consts, *carry, *x],
                      inner)
     values = list(inner.values)
     inner.values.clear()  # nothing keeps the body's tracers after it
-    return outs[:num_carry], (outs[num_carry:], values)
+    carry = outs[:num_carry]
+    if threading_order:
+      carry = [inner.order, *carry]
+      inner.order = None
+    return carry, (outs[num_carry:], values)
 
+  init = list(init)
+  if threading_order:
+    init = [recorder.order, *init]
   carry, (ys, stacked) = jax.lax.scan(
-      step, list(init), list(xs), length=eqn.params["length"],
+      step, init, list(xs), length=eqn.params["length"],
       reverse=eqn.params["reverse"], unroll=eqn.params.get("unroll", 1))
+  if threading_order:
+    recorder.order, *carry = carry
+    return [*carry, *ys]
   recorder.nodes.append(Loop(eqn.params["length"], eqn.params["reverse"],
                              tuple(inner.nodes)))
   recorder.values.extend(stacked)
   return [*carry, *ys]
+
+
+def _while(eqn, invals, recorder: _Recorder) -> list:
+  """A ``while_loop`` whose body queues calls, threading the order value
+  through its carry (queued calls only)."""
+  params = eqn.params
+  cond, body = params["cond_jaxpr"], params["body_jaxpr"]
+  cond_consts = invals[:params["cond_nconsts"]]
+  body_consts = invals[params["cond_nconsts"]:
+                       params["cond_nconsts"] + params["body_nconsts"]]
+  init = invals[params["cond_nconsts"] + params["body_nconsts"]:]
+
+  def predicate(carry):
+    _, *carry = carry
+    return jex_core.jaxpr_as_fun(cond)(*cond_consts, *carry)[0]
+
+  def step(carry):
+    inner = _Recorder(order=carry[0])
+    outs = _evaluate(_jaxpr_of(body), body.consts, [*body_consts, *carry[1:]],
+                     inner)
+    return [inner.order, *outs]
+
+  recorder.order, *outs = jax.lax.while_loop(predicate, step,
+                                             [recorder.order, *init])
+  return outs
+
+
+def _cond(eqn, invals, recorder: _Recorder) -> list:
+  """A ``cond`` whose branches queue calls (the branch taken queues its
+  own), threading the order value through it (queued calls only)."""
+  index, *operands = invals
+
+  def branch(closed):
+    def run(order, *operands):
+      inner = _Recorder(order=order)
+      outs = _evaluate(_jaxpr_of(closed), closed.consts, operands, inner)
+      return [inner.order, *outs]
+    return run
+
+  recorder.order, *outs = jax.lax.switch(
+      index, [branch(b) for b in eqn.params["branches"]], recorder.order,
+      *operands)
+  return outs
 
 
 def pack(values: Sequence, nodes: tuple) -> tuple[list, Plan]:

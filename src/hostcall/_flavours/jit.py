@@ -20,6 +20,7 @@ from typing import Any, Callable
 import jax
 
 from hostcall import _jax_private
+from hostcall._async import queue
 from hostcall._async.deferred import deferred
 from hostcall._core import deferring
 from hostcall._core.checks import check_callable
@@ -39,6 +40,29 @@ class _DeferredOutputs:
   @classmethod
   def tree_unflatten(cls, plan, packs):
     return cls(packs, plan)
+
+
+#: The plan of a program whose calls were queued (``threaded``), not
+#: deferred to outputs.
+_QUEUED = "queued"
+
+
+def _queues_on_this_device() -> bool:
+  """Whether programs are compiled for the one device of a CPU-only
+  process with the native tap queue: their deferrable calls are then
+  queued from the program itself without a JAX effect
+  (``hostcall._core.threaded``); elsewhere (an accelerator, several
+  devices) they become outputs."""
+  if (mode != "auto" or jax.default_backend() != "cpu"
+      or jax.device_count() != 1):
+    return False
+  queue.consumer.start()
+  return queue.consumer.native
+
+
+#: ``"auto"`` (queued where ``_queues_on_this_device`` says so) or
+#: ``"outputs"`` (always deferred to outputs; for tests and comparison).
+mode = "auto"
 
 
 class Jitted:
@@ -71,8 +95,12 @@ class Jitted:
       # under jax.disable_jit() they run as the function runs.
       return self._plain(*args, **kwargs)
     outs, extra = self._deferring(*args, **kwargs)
-    if extra.plan is not None:
-      deferred.submit(extra.plan, extra.packs)
+    plan = extra.plan
+    if plan is not None:
+      if plan is _QUEUED:
+        deferred.queued_since_barrier = True
+      else:
+        deferred.submit(plan, extra.packs)
     return outs
 
   def _traced(self, *args, **kwargs):
@@ -97,7 +125,13 @@ class Jitted:
     out_tree = jax.tree_util.tree_structure(shapes)
     # Across processes, each process makes its own calls during the
     # program, as under jax.jit (a deferred value may live elsewhere).
-    if jax.process_count() > 1 or not deferring.analyse(closed):
+    alone = jax.process_count() == 1
+    if (alone and deferring.analyse(closed, queued=True)
+        and _queues_on_this_device()):
+      outs = deferring.evaluate_threaded(closed, values)
+      return (jax.tree_util.tree_unflatten(out_tree, outs),
+              _DeferredOutputs([], _QUEUED))
+    if not alone or not deferring.analyse(closed):
       outs = jax.extend.core.jaxpr_as_fun(closed)(*values)
       return (jax.tree_util.tree_unflatten(out_tree, outs),
               _DeferredOutputs([], None))

@@ -1,0 +1,119 @@
+"""``hostcall_threaded_p``: a queued host call without a JAX effect.
+
+``hostcall.jit`` rebinds each deferrable host call (see ``deferring``) of
+a program it compiles for one CPU device as this primitive: the operands
+are copied into the native tap queue by an XLA custom call with a side
+effect, and the consumer thread delivers them as it delivers asynchronous
+taps. The program then carries no JAX effect (dispatch takes JAX's C++
+fast path) and has no extra output. What keeps the calls in program order
+is a value each call returns and the next one takes, threaded through the
+program and its ``lax.scan`` carries, as the removed ``host_callback``
+module threaded its tokens; successive programs run on the device in the
+order they were dispatched, so their calls reach the queue in that order.
+
+The equation is kept by JAX's dead-code elimination although nothing uses
+its result (``_jax_private.keep_when_unused``). It is bound only when a
+program is compiled; no transformation ever sees it.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.extend import core as jex_core
+from jax.interpreters import mlir
+
+from hostcall import _jax_private
+from hostcall._async import lowering as async_lowering
+
+hostcall_threaded_p = jex_core.Primitive("hostcall_threaded")
+hostcall_threaded_p.multiple_results = True
+
+
+def start_order():
+  """The value the program's first call takes."""
+  return jnp.zeros((), jnp.uint8)
+
+
+def end(order) -> None:
+  """Marks ``order``, the value the program's last call returned, as used:
+  JAX's dead-code elimination would otherwise take out a ``cond``, a
+  ``while_loop`` or a ``scan`` whose only use was to queue calls (they have
+  no JAX effect). Compiles to nothing: XLA keeps what has a side effect."""
+  order_end_p.bind(order)
+
+
+def bind(order, operands, *, target, transforms, device_index: int = 0):
+  """Stages the queueing of ``operands`` for ``target`` after the call
+  that returned ``order``; returns the value the next call takes.
+
+  Several operands of whole bytes are packed into one buffer of bytes
+  (one fusion on the device; the custom call then takes one operand,
+  which costs far less than many); ``packed`` keeps their shapes and
+  dtypes, by which the host reads them back."""
+  avals = tuple(_jax_private.ShapedArray(np.shape(x), x.dtype)
+                for x in operands)
+  packed = None
+  if len(operands) > 1 and all(_packable(a.dtype) for a in avals):
+    operands, packed = [_pack(operands)], avals
+  out, = hostcall_threaded_p.bind(order, *operands, target=target,
+                                  transforms=transforms,
+                                  device_index=device_index, packed=packed)
+  return out
+
+
+def _packable(dtype) -> bool:
+  dtype = np.dtype(dtype)
+  # Bytes as they are in the buffer: no sub-byte type (stored otherwise),
+  # no complex number (which has no bit cast).
+  return (dtype.itemsize >= 1 and dtype.kind != "c"
+          and (dtype == np.bool_ or 8 * dtype.itemsize == _bits(dtype)))
+
+
+def _bits(dtype: np.dtype) -> int:
+  if dtype == np.bool_:
+    return 8
+  floating = jnp.issubdtype(dtype, jnp.floating)
+  return (jax.dtypes.finfo(dtype) if floating else jax.dtypes.iinfo(dtype)).bits
+
+
+def _pack(operands):
+  pieces = []
+  for x in operands:
+    if x.dtype == np.bool_:
+      x = x.astype(jnp.uint8)
+    pieces.append(jnp.ravel(jax.lax.bitcast_convert_type(x, jnp.uint8)))
+  return jnp.concatenate(pieces)
+
+
+def _abstract_eval(order, *operands, **_):
+  del operands
+  return [order]
+
+
+def _lower(ctx, order, *operands, target, transforms, device_index, packed):
+  return [async_lowering.emit_threaded(ctx, target, transforms, device_index,
+                                       order, list(operands), packed)]
+
+
+def _impl(*args, **params):
+  raise NotImplementedError(
+      "hostcall: hostcall_threaded is bound only inside hostcall.jit's "
+      f"compilation (got {len(args)} operands for {params['target']!r})")
+
+
+order_end_p = jex_core.Primitive("hostcall_order_end")
+order_end_p.multiple_results = True
+order_end_p.def_abstract_eval(lambda order: [])
+order_end_p.def_impl(lambda order: [])
+mlir.register_lowering(order_end_p, lambda ctx, order: [])
+_jax_private.keep_when_unused(order_end_p)
+
+hostcall_threaded_p.def_abstract_eval(_abstract_eval)
+hostcall_threaded_p.def_impl(_impl)
+mlir.register_lowering(hostcall_threaded_p, _lower)
+_jax_private.keep_when_unused(hostcall_threaded_p)
+
+#: The value's aval, for the lowering.
+ORDER_AVAL = _jax_private.ShapedArray((), np.uint8)
