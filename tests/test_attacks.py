@@ -337,13 +337,19 @@ def test_a_queued_call_python_cannot_read_is_reported_and_released(
   hostcall.barrier()
   if not hostcall.queue_stats()["native"]:
     pytest.skip("the native queue is not in use")
-  real = ctypes.string_at
+  real, real_buffer = ctypes.string_at, ctypes.create_string_buffer
 
   def out_of_memory(address, size):
     monkeypatch.setattr(ctypes, "string_at", real)
     raise MemoryError()
 
+  def no_buffer(size):
+    # The one buffer for a batch's items: each is then read alone.
+    monkeypatch.setattr(ctypes, "create_string_buffer", real_buffer)
+    raise MemoryError()
+
   monkeypatch.setattr(ctypes, "string_at", out_of_memory)
+  monkeypatch.setattr(ctypes, "create_string_buffer", no_buffer)
   f(1)
   with pytest.raises(hcb.CallbackException,
                      match=r"could not be read into Python \(MemoryError"):

@@ -160,7 +160,7 @@ def test_same_host_calls_and_results_as_jax_jit(name, mode):
 def test_the_program_carries_no_effect(name):
   program, args = PROGRAMS[name]
   compiled = hostcall.jit(functools.partial(program, Log()))
-  closed = jax.make_jaxpr(compiled._deferring)(*args)
+  closed = jax.make_jaxpr(compiled._active)(*args)
   assert not closed.effects
   assert deferring.analyse(jax.make_jaxpr(
       functools.partial(program, Log()))(*args)) is True
@@ -202,7 +202,7 @@ def test_calls_that_must_stay_live_leave_the_program_as_jax_jit_has_it(
 
   compiled = hostcall.jit(program)
   assert deferring.analyse(jax.make_jaxpr(program)(1.0)) is None
-  assert jax.make_jaxpr(compiled._deferring)(1.0).effects
+  assert jax.make_jaxpr(compiled._active)(1.0).effects
   assert float(compiled(1.0)) == 1.0
   hostcall.barrier()
   assert [c[0] for c in log.calls] == ["before", "io"]
@@ -272,7 +272,7 @@ def test_taps_in_while_loops_and_conds(mode):
   assert deferring.analyse(jax.make_jaxpr(
       functools.partial(_loops, Log()))(np.int32(1)),
                            queued=queued) is (True if queued else None)
-  assert bool(jax.make_jaxpr(compiled._deferring)(np.int32(1)).effects) is (
+  assert bool(jax.make_jaxpr(compiled._active)(np.int32(1)).effects) is (
       not queued)
   assert (log.threads == {"hostcall-consumer"}) is queued
 
@@ -290,7 +290,7 @@ def test_a_pure_callback_with_results_stays_and_the_taps_are_deferred():
   hostcall.barrier()
   assert float(out) == pytest.approx(np.sin(0.5))
   assert log.calls == [("y", [pytest.approx(np.sin(0.5))], ())]
-  assert not jax.make_jaxpr(compiled._deferring)(0.5).effects
+  assert not jax.make_jaxpr(compiled._active)(0.5).effects
 
 
 def test_nothing_to_defer_is_jax_jit():
@@ -406,7 +406,7 @@ def test_metrics_rows_and_hostcall_scan_flushes_are_deferred(tmp_path):
 
   with hostcall.metrics.Run("run", root=str(tmp_path), writers=["memory"]) as run:
     compiled = hostcall.jit(program)
-    assert not jax.make_jaxpr(compiled._deferring)(0.0).effects
+    assert not jax.make_jaxpr(compiled._active)(0.0).effects
     compiled(jnp.float32(0))
     compiled(jnp.float32(10))
     hostcall.barrier()

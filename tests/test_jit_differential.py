@@ -4,10 +4,9 @@ calls, values, order and transforms, and return the same results.
 
 Deselected: what hostcall.jit documents as different (docs/performance.md,
 "A Python loop over a jitted step"): a failing host function is reported by
-the next barrier instead of failing the call, and deferred calls do not go
-through the asynchronous queue (its statistics stay still). Both ways
-hostcall.jit takes calls out are run: queued from the device and deferred
-to outputs.
+the next barrier instead of failing the call, and rows logged by several
+calls reach a metrics writer as one block. Both ways hostcall.jit takes
+calls out are run: queued from the device and deferred to outputs.
 """
 
 import os

@@ -504,7 +504,8 @@ def keep_when_unused(primitive) -> None:
   ``primitive`` although it has no effect and its results may go unused
   (``pe.dce_rules``): its side effect lives in the compiled program only
   (an XLA custom call with a side effect, which XLA keeps)."""
-  def keep(used_outputs, eqn):
-    del used_outputs
+  def keep(*args):
+    # (used_outputs, eqn), or (used_outputs, live_inputs, eqn) since 0.12.
+    eqn = args[-1]
     return [True] * len(eqn.invars), eqn
   _pe.dce_rules[primitive] = keep

@@ -14,6 +14,10 @@ Values waiting here are bounded in bytes (the asynchronous queue's
 capacity): a caller that runs ahead of the host functions waits for room,
 as a producer of the queue does; the thread itself, or any host function
 that calls a program, never waits.
+
+Programs that queue their calls from the device instead (``hostcall.jit``
+on one CPU device) have nothing here but ``settle_queued``: they carry no
+effect JAX would wait for, so a barrier first waits for them to have run.
 """
 
 from __future__ import annotations
@@ -68,8 +72,8 @@ class Deferred:
     they have no effect JAX would wait for, but a device runs programs in
     the order they were dispatched, so one dispatched now runs after
     them."""
-    if not self.queued_since_barrier:
-      return
+    if not self.queued_since_barrier or not _jax_private.is_top_level():
+      return  # (while tracing, a program run here would be staged)
     self.queued_since_barrier = False
     with jax.transfer_guard("allow"):
       _after_the_others().block_until_ready()

@@ -68,7 +68,7 @@ def emit_threaded(ctx, target: HostTarget, transforms, device_index: int,
   layouts = queue.layouts_of(packed or operand_avals)
   if (layouts is None
       or emission.route(ctx, "enqueue", consumer.native) == "python"):
-    site = queue.sites.add(target, contexts)
+    site = queue.sites.add(target, contexts, joinable=True)
     push = push_callback(site)
     zero = np.zeros((), np.uint8)
 
@@ -82,7 +82,7 @@ def emit_threaded(ctx, target: HostTarget, transforms, device_index: int,
         [order_aval, *operand_avals], [order_aval], has_side_effect=True,
         returns_token=False)
     return results[0]
-  site = queue.sites.add(target, contexts, layouts)
+  site = queue.sites.add(target, contexts, layouts, joinable=True)
   _jax_private.keep_with_executable(ctx, site)
   op = jax.ffi.build_ffi_lowering_function(
       "hostcall_enqueue_threaded", has_side_effect=True)(

@@ -143,6 +143,7 @@ class _Sites:
   def __init__(self):
     self._ids = itertools.count(1)
     self._sites: dict[int, tuple] = {}
+    self._joinable: set[int] = set()
     self._lock = threading.Lock()
     # Sites whose SiteRef died. Appended by the garbage collector's
     # callback, in whatever thread it runs, maybe one holding ``_lock``:
@@ -152,10 +153,16 @@ class _Sites:
     # are delivered, the queue being first in, first out.
     self._draining: list[tuple[int, int]] = []
 
-  def add(self, target: HostTarget, contexts, layouts=None) -> SiteRef:
+  def add(self, target: HostTarget, contexts, layouts=None,
+          joinable: bool = False) -> SiteRef:
+    """Registers a call site. ``joinable``: its consecutive queued calls
+    may be delivered together (``hostcall.jit``'s queued calls: each call
+    of a vectorised target that ``joins_calls`` in one ``deliver_steps``)."""
     ref = SiteRef(next(self._ids))
     with self._lock:
       self._sites[ref.site] = (target, contexts, layouts)
+      if joinable:
+        self._joinable.add(ref.site)
     finalizer = weakref.finalize(ref, self._retired.append, ref.site)
     finalizer.atexit = False  # at exit, nothing to release
     return ref
@@ -190,9 +197,13 @@ class _Sites:
       for site, mark in self._draining:
         if delivered >= mark:
           self._sites.pop(site, None)
+          self._joinable.discard(site)
         else:
           keep.append((site, mark))
       self._draining = keep
+
+  def joinable(self, site: int) -> bool:
+    return site in self._joinable
 
   def __len__(self) -> int:
     return len(self._sites)
@@ -351,26 +362,22 @@ class Consumer:
         logger.exception("hostcall: the asynchronous queue failed")
         time.sleep(0.01)
         continue
-      # Items let go of before they count as delivered: whoever waits for
-      # them (a barrier) finds their values (maybe large) released.
-      for group in _runs(batch):
-        site = group[0][0]
-        self._delivering = True
-        try:
-          self._deliver_run(site, group)
-        except BaseException as exc:  # noqa: BLE001 - the consumer never dies
-          errors.postpone(exc, f"delivering a queued call of site {site}")
-        finally:
-          n = len(group)
-          group = None
-          self._delivering = False
-          if self._bypassing:
-            self._bypassing = False
-            q.set_bypass(False)
-          with self._done:
-            self._delivered += n
-            self._done.notify_all()
+      # Each item let go of before it counts as delivered: whoever waits
+      # for it (a barrier) finds its values (maybe large) released. The
+      # calls of a joinable site (hostcall.jit's) go together.
+      runs = _runs(batch)
       batch = None
+      runs.reverse()
+      while runs:
+        run = runs.pop()
+        site = run[0][0]
+        if len(run) > 1 and sites.joinable(site):
+          self._delivering_run(site, run, q)
+          continue
+        run.reverse()
+        while run:
+          self._delivering_run(site, [run.pop()], q)
+      run = None
       try:
         self.prune()
       except BaseException:  # noqa: BLE001 - the consumer never dies
@@ -403,18 +410,37 @@ class Consumer:
       frame = frame.f_back
     return False
 
+  def _delivering_run(self, site: int, items: list, q) -> None:
+    """Delivers ``items`` (see ``_deliver_run``), a failure postponed to
+    the barrier; then counts them delivered."""
+    self._delivering = True
+    try:
+      self._deliver_run(site, items)
+    except BaseException as exc:  # noqa: BLE001 - the consumer never dies
+      errors.postpone(exc, f"delivering a queued call of site {site}")
+    finally:
+      n = len(items)
+      items.clear()
+      self._delivering = False
+      if self._bypassing:
+        self._bypassing = False
+        q.set_bypass(False)
+      with self._done:
+        self._delivered += n
+        self._done.notify_all()
+
   @staticmethod
   def _deliver_run(site: int, items: list) -> None:
-    """Delivers consecutive items of one call site: a vectorised target
-    (a metrics row) gets them all in one ``deliver_steps``; any other
-    target each in turn, in one call context, each failing alone."""
-    target, contexts, layouts = sites.get(site)
-    if len(items) == 1 or isinstance(contexts, list) or callable(contexts):
-      for item in items:
-        Consumer._deliver(*item)
+    """Delivers consecutive items of one call site. Those of a joinable
+    site (see ``_Sites.add``) are read at once: a vectorised target that
+    joins calls (a metrics row) gets them all in one ``deliver_steps``,
+    any other each in turn, in one call context, each failing alone."""
+    if len(items) == 1:
+      Consumer._deliver(*items[0])
       return
+    target, contexts, layouts = sites.get(site)
     columns = _columns(target, layouts, items)
-    if target.deliver_steps is not None:
+    if target.deliver_steps is not None and target.joins_calls:
       rank = len(contexts.batch_levels)
       stacked = [np.moveaxis(c, 0, rank) if rank else c for c in columns]
       calls.run(Steps(target, len(items)), stacked, contexts,

@@ -1,30 +1,33 @@
-"""Deferring a program's host calls to its outputs (``hostcall.jit``).
+"""Taking a program's host calls out of its JAX effects (``hostcall.jit``).
 
 A traced program whose host calls are all *deferrable* (taps and
 result-less calls whose target allows it, ``HostTarget.deferrable``) is
-evaluated again without them: each call's operands become extra outputs of
-the program, which then carries no JAX effect, and a ``Plan`` says how the
-host replays the calls, in program order, once those outputs are ready
-(``hostcall._async.deferred``).
+evaluated again with each such call rebound one of two ways:
 
-Where the calls may sit:
+* queued (``evaluate_threaded``, one CPU device with the native queue):
+  ``threaded``'s call, which queues the operands from the device without a
+  JAX effect, ordered by a value threaded from call to call, through
+  ``lax.scan`` and ``while_loop`` carries and ``cond`` branches;
+* as outputs (``evaluate``, elsewhere): each call's operands become extra
+  outputs of the program, packed into one flat buffer of bytes, and a
+  ``Plan`` says how the host replays the calls, in program order, once
+  those outputs are ready (``hostcall._async.deferred``).
 
-* at the top level of the program, or of a ``jax.jit`` inside it (inlined,
-  its arguments and results held to the shardings it gave them);
-* in the body of a ``lax.scan`` (recursively), whose values are stacked as
-  extra ``ys``: one ``Loop`` node of the plan, replayed step by step (last
-  step first for a reverse scan).
+Either way the program carries no JAX effect. Where the calls may sit: the
+top level of the program, a ``jax.jit`` inside it (inlined, its arguments
+and results held to the shardings it gave them), a ``lax.scan`` body
+(recursively; as outputs, the values are stacked as extra ``ys``, one
+``Loop`` node of the plan, replayed step by step, last step first for a
+reverse scan) and, queued only, a ``while_loop`` body and a ``cond``
+branch (a ``while_loop``'s predicate may not call the host).
 
-A host call anywhere else (a ``while_loop``, a ``cond``, a ``shard_map``, a
-``jax.checkpoint``, a ``custom_jvp`` or ``custom_vjp`` function), a call with results or one whose target must be
-called live (a progress bar's event), and any other effect, leave the
-program as it is (``analyse`` says None): its host calls then run where
-``jax.jit`` runs them, in their order. Host calls without an effect
-(``pure_callback``) stay where they are and do not stop the others from
-being deferred: JAX promises no order for them.
-
-The deferred values are packed into one flat output of bytes, so that the
-host fetches one buffer per call.
+A host call anywhere else (a ``shard_map``, a ``jax.checkpoint``, a
+``custom_jvp`` or ``custom_vjp`` function), a call with results or one
+whose target must be called live (a progress bar's event), and any other
+effect, leave the program as it is (``analyse`` says None): its host calls
+then run where ``jax.jit`` runs them, in their order. Host calls without an
+effect (``pure_callback``) stay where they are and do not stop the others
+from being taken out: JAX promises no order for them.
 """
 
 from __future__ import annotations
@@ -110,7 +113,8 @@ class Plan:
                for start, stop, carrier, shape, dtype in self.slots]
     node = self.nodes[0] if len(self.nodes) == 1 else None
     if (len(packed) > 1 and type(node) is Call
-        and node.target.deliver_steps is not None):
+        and node.target.deliver_steps is not None
+        and node.target.joins_calls):
       context = _context_of(node, devices, contexts)
       rank = len(context.batch_levels)
       stacked = [np.moveaxis(c, 0, rank) if rank else c for c in columns]

@@ -102,6 +102,12 @@ class HostTarget(KeyedFields):
   #: instead of one ``deliver`` call per step; None when it has none.
   deliver_steps: Callable | None = None
 
+  #: Whether ``deliver_steps`` may also take consecutive calls of the call
+  #: site from different computations at once (``hostcall.jit``'s calls):
+  #: true where each call stands alone (a metrics row), not where a call
+  #: belongs to its loop's invocation (a progress bar's step).
+  joins_calls: bool = False
+
   #: The JAX function this call site stands in for, named in failure logs
   #: with JAX's own words ("jax.pure_callback failed"); None if none.
   jax_name: str | None = None

@@ -1,14 +1,22 @@
-"""``hostcall.jit``: ``jax.jit`` whose taps become outputs.
+"""``hostcall.jit``: ``jax.jit`` whose taps carry no JAX effect.
 
 Any JAX effect sends a compiled call off JAX's C++ dispatch path, and an
 ordered one adds a token per call: a jitted step with one print costs many
 times a plain one. ``hostcall.jit`` compiles the same program with its
-deferrable host calls (see ``hostcall._core.deferring``) taken out: their
-operands become extra outputs of a program without effects, which dispatch
-runs on the fast path, and the host functions run on the
-``hostcall-deferred`` thread once those outputs are ready, in program order
-(``hostcall._async.deferred``). A program with a host call that cannot be
-deferred is compiled as ``jax.jit`` compiles it, unchanged.
+deferrable host calls (see ``hostcall._core.deferring``) taken out of its
+effects, so that dispatch runs it on the fast path:
+
+* on one CPU device with the native tap queue, each call is queued from
+  the device as the program runs (``hostcall._core.threaded``: a custom
+  call without a JAX effect, ordered by a value threaded through the
+  program, ``lax.scan``, ``while_loop`` and ``cond`` included), and the
+  queue's consumer thread delivers it, as it delivers asynchronous taps;
+* elsewhere (an accelerator, several devices), the calls' operands become
+  extra outputs, and the ``hostcall-deferred`` thread replays the calls
+  once those outputs are ready (``hostcall._async.deferred``).
+
+A program with a host call that cannot be taken out is compiled as
+``jax.jit`` compiles it, unchanged.
 """
 
 from __future__ import annotations
@@ -20,7 +28,7 @@ from typing import Any, Callable
 import jax
 
 from hostcall import _jax_private
-from hostcall._async import queue
+from hostcall._async import native
 from hostcall._async.deferred import deferred
 from hostcall._core import deferring
 from hostcall._core.checks import check_callable
@@ -42,9 +50,10 @@ class _DeferredOutputs:
     return cls(packs, plan)
 
 
-#: The plan of a program whose calls were queued (``threaded``), not
-#: deferred to outputs.
-_QUEUED = "queued"
+@functools.cache
+def _one_cpu_with_the_native_queue() -> bool:
+  return (jax.default_backend() == "cpu" and jax.device_count() == 1
+          and native.load() is not None)
 
 
 def _queues_on_this_device() -> bool:
@@ -53,11 +62,7 @@ def _queues_on_this_device() -> bool:
   queued from the program itself without a JAX effect
   (``hostcall._core.threaded``); elsewhere (an accelerator, several
   devices) they become outputs."""
-  if (mode != "auto" or jax.default_backend() != "cpu"
-      or jax.device_count() != 1):
-    return False
-  queue.consumer.start()
-  return queue.consumer.native
+  return mode == "auto" and _one_cpu_with_the_native_queue()
 
 
 #: ``"auto"`` (queued where ``_queues_on_this_device`` says so) or
@@ -84,8 +89,13 @@ class Jitted:
 
     # fun's signature (through __wrapped__): jax.jit finds static and
     # donated arguments by name or position in it, passed either way.
+    def queueing(*args, **kwargs):
+      return self._traced_queueing(*args, **kwargs)
+
     functools.update_wrapper(traced, fun)
+    functools.update_wrapper(queueing, fun)
     self._deferring = jax.jit(traced, **kwargs)
+    self._queueing = jax.jit(queueing, **jit_kwargs)
     functools.update_wrapper(self, fun)
 
   def __call__(self, *args, **kwargs):
@@ -94,21 +104,25 @@ class Jitted:
       # calls are staged into the enclosing program, as jax.jit's are;
       # under jax.disable_jit() they run as the function runs.
       return self._plain(*args, **kwargs)
+    if mode == "auto" and _one_cpu_with_the_native_queue():
+      # The barrier then waits for this program to have run.
+      deferred.queued_since_barrier = True
+      return self._queueing(*args, **kwargs)
     outs, extra = self._deferring(*args, **kwargs)
-    plan = extra.plan
-    if plan is not None:
-      if plan is _QUEUED:
-        deferred.queued_since_barrier = True
-      else:
-        deferred.submit(plan, extra.packs)
+    if extra.plan is not None:
+      deferred.submit(extra.plan, extra.packs)
     return outs
 
-  def _traced(self, *args, **kwargs):
-    if _jax_private.is_top_level():
-      # Called as it is, not traced: jax_debug_nans' de-optimized rerun of
-      # a call whose outputs had a NaN. Its host calls run as it runs, as
-      # in jax.jit's rerun.
-      return self._fun(*args, **kwargs), _DeferredOutputs([], None)
+  @property
+  def _active(self):
+    """The ``jax.jit`` function a call of this one runs here."""
+    if mode == "auto" and _one_cpu_with_the_native_queue():
+      return self._queueing
+    return self._deferring
+
+  def _trace(self, args, kwargs):
+    """``(closed jaxpr, its dynamic arguments, the output tree)`` of fun
+    on ``args`` and ``kwargs``."""
     leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
     dynamic = [i for i, leaf in enumerate(leaves)
                if isinstance(leaf, _jax_private.Tracer)]
@@ -122,16 +136,28 @@ class Jitted:
 
     values = [leaves[i] for i in dynamic]
     closed, shapes = jax.make_jaxpr(flat_fun, return_shape=True)(*values)
-    out_tree = jax.tree_util.tree_structure(shapes)
+    return closed, values, jax.tree_util.tree_structure(shapes)
+
+  def _traced_queueing(self, *args, **kwargs):
+    if _jax_private.is_top_level():
+      # Called as it is, not traced: jax_debug_nans' de-optimized rerun of
+      # a call whose outputs had a NaN. Its host calls run as it runs, as
+      # in jax.jit's rerun.
+      return self._fun(*args, **kwargs)
+    closed, values, out_tree = self._trace(args, kwargs)
+    if deferring.analyse(closed, queued=True):
+      outs = deferring.evaluate_threaded(closed, values)
+    else:
+      outs = jax.extend.core.jaxpr_as_fun(closed)(*values)
+    return jax.tree_util.tree_unflatten(out_tree, outs)
+
+  def _traced(self, *args, **kwargs):
+    if _jax_private.is_top_level():  # (see _traced_queueing)
+      return self._fun(*args, **kwargs), _DeferredOutputs([], None)
+    closed, values, out_tree = self._trace(args, kwargs)
     # Across processes, each process makes its own calls during the
     # program, as under jax.jit (a deferred value may live elsewhere).
-    alone = jax.process_count() == 1
-    if (alone and deferring.analyse(closed, queued=True)
-        and _queues_on_this_device()):
-      outs = deferring.evaluate_threaded(closed, values)
-      return (jax.tree_util.tree_unflatten(out_tree, outs),
-              _DeferredOutputs([], _QUEUED))
-    if not alone or not deferring.analyse(closed):
+    if jax.process_count() > 1 or not deferring.analyse(closed):
       outs = jax.extend.core.jaxpr_as_fun(closed)(*values)
       return (jax.tree_util.tree_unflatten(out_tree, outs),
               _DeferredOutputs([], None))
@@ -152,6 +178,7 @@ class Jitted:
   def clear_cache(self) -> None:
     self._plain.clear_cache()
     self._deferring.clear_cache()
+    self._queueing.clear_cache()
 
   def __repr__(self):
     return f"hostcall.jit({getattr(self._fun, '__name__', self._fun)!r})"
@@ -165,23 +192,26 @@ class Jitted:
 
 
 def jit(fun: Callable | None = None, /, **jit_kwargs: Any):
-  """``jax.jit``, with the host calls whose results are unused compiled as
-  outputs: dispatch takes JAX's fast path.
+  """``jax.jit``, with the host calls whose results are unused taken out of
+  the program's JAX effects: dispatch takes JAX's fast path.
 
   Taps, prints and metrics rows (``debug_callback``, ``debug_print``,
   ``io_callback`` without results, ``id_tap``/``id_print``,
   ``metrics.Run.log``, ``hostcall.scan``'s flushes) at the top level of the
-  function, of a ``jax.jit`` inside it or in a ``lax.scan`` body (stacked)
-  become extra outputs of a program without JAX effects. Their host
-  functions run in program order on the ``hostcall-deferred`` thread once
-  the call's outputs are ready; the call returns at once, as ``jax.jit``'s
-  does, and ``hostcall.barrier()`` waits for them. A failing host function
-  is reported by the next barrier, as an asynchronous tap's is.
+  function, of a ``jax.jit`` inside it or in a ``lax.scan`` body are
+  compiled without an effect. On one CPU device the device queues their
+  values as it runs (``while_loop`` bodies and ``cond`` branches too), and
+  hostcall's consumer thread delivers them in program order; elsewhere
+  they become extra outputs, delivered once the call's outputs are ready.
+  The call returns at once, as ``jax.jit``'s does, and
+  ``hostcall.barrier()`` waits for the host functions. A failing host
+  function is reported by the next barrier, as an asynchronous tap's is.
 
   A program with a host call that must run where it is (a call with
-  results that has an effect, a tap in a ``while_loop`` or ``cond``, a
-  progress bar's event, a steered loop) is compiled exactly as ``jax.jit``
-  compiles it: its host calls run during the call, in their order.
+  results that has an effect, a progress bar's event, a steered loop, and
+  where calls become outputs a tap in a ``while_loop`` or ``cond``) is
+  compiled exactly as ``jax.jit`` compiles it: its host calls run during
+  the call, in their order.
 
   Arguments:
     fun: the function to compile (or omit it: ``@hostcall.jit(...)``

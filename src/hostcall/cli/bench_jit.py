@@ -5,6 +5,7 @@ call is delivered (and every row written) before the clock stops."""
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import tempfile
 import time
@@ -14,10 +15,21 @@ import jax.numpy as jnp
 import numpy as np
 
 import hostcall
+from hostcall._flavours import jit as jit_module
 
 CALLS = 2000
 METRICS = 10
 _X = jnp.linspace(-1.0, 1.0, 16, dtype=jnp.float32)
+
+
+@contextlib.contextmanager
+def _calls_as_outputs():
+  before = jit_module.mode
+  jit_module.mode = "outputs"
+  try:
+    yield
+  finally:
+    jit_module.mode = before
 
 
 def _noop(*args):
@@ -82,6 +94,15 @@ def jit_rows(b) -> list[dict]:
                         repeats)
     rows.append(_row(f"12. one callback a call, {name}", us, ratio, target,
                      "reference" if target is None else ""))
+  # hostcall.jit's other way, where calls cannot be queued from the device
+  # (an accelerator, several devices): the calls as outputs.
+  with _calls_as_outputs():
+    outputs_us, outputs_ratio = _paired(
+        _loop_time(hostcall.jit(tapped(hostcall.debug_callback)), CALLS),
+        base, repeats)
+  rows.append(_row("12. ... the same with the calls as outputs (as on an "
+                   "accelerator)", outputs_us, outputs_ratio, None,
+                   "reference"))
 
   # The floor: the step returns the value, and the loop calls the function
   # on each call's value itself.

@@ -36,6 +36,8 @@ class LogTarget(PostponingTarget):
     self._add(flat_args, context, steps=None)
     return ()
 
+  joins_calls = True  # each row stands alone
+
   def deliver_steps(self, stacked, steps, context):
     self._add(stacked, context, steps=steps)
 
