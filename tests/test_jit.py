@@ -780,3 +780,26 @@ def test_queued_calls_of_every_dtype_through_either_emitter(mode, route,
   hostcall.barrier()
   assert log.calls == [("packed", [[-1.5, 2.0], [-1, 2], [False, True],
                                    [-1.5, 2.0], [-1, 2], []], ())]
+
+
+def test_small_and_large_calls_mixed_in_one_batch_keep_their_values():
+  # The consumer copies a batch's small calls into one buffer and hands
+  # large ones over as views: mixed, each gets its own bytes.
+  log = Log()
+
+  @hostcall.jit
+  def f(x, big):
+    hostcall.debug_callback(log.fn("small"), x)
+    hostcall.debug_callback(lambda b: log.calls.append(
+        ("big", float(b[0]), float(b[-1]), b.size)), big)
+    hostcall.debug_callback(log.fn("small again"), x + 1)
+    return x
+
+  big = np.arange(40_000, dtype=np.float32)  # 160 KiB: a view
+  for i in range(3):
+    f(np.float32(i), big + i)
+  hostcall.barrier()
+  assert log.calls == [
+      call for i in range(3) for call in (
+          ("small", [float(i)], ()), ("big", float(i), 39_999.0 + i, 40_000),
+          ("small again", [i + 1.0], ()))]
