@@ -803,3 +803,64 @@ def test_small_and_large_calls_mixed_in_one_batch_keep_their_values():
       call for i in range(3) for call in (
           ("small", [float(i)], ()), ("big", float(i), 39_999.0 + i, 40_000),
           ("small again", [i + 1.0], ()))]
+
+
+def test_a_progress_bar_with_metrics_is_queued_as_jax_jit_draws_it(
+    mode, tmp_path):
+  # Queued from the device, a bar's open answers "this device's latest
+  # invocation" and its ticks and close find it: no JAX effect, the same
+  # bars and rows as under jax.jit. As outputs, the bar keeps the program
+  # live.
+  import io
+  import re
+  results = {}
+  for name, jit in (("jax", jax.jit), ("hostcall", hostcall.jit)):
+    out = io.StringIO()
+    with hostcall.metrics.Run(name, root=str(tmp_path),
+                              writers=["memory"]) as run:
+      def step(c, i):
+        run.log(i, loss=c)
+        return c * 0.5, None
+
+      def program(x):
+        return hostcall.progress.scan(step, x, jnp.arange(40), file=out,
+                                      desc="bar", mininterval=0)[0]
+
+      compiled = jit(program)
+      values = [float(compiled(jnp.float32(k + 1))) for k in range(2)]
+      hostcall.barrier()
+      # Each bar's last render, before its newline.
+      finals = [re.search(r"\d+/\d+", line.split("\r")[-1]).group(0)
+                for line in out.getvalue().split("\n") if line.strip()]
+      results[name] = (values, finals, run.records())
+  assert results["hostcall"] == results["jax"]
+  assert results["jax"][1] == ["40/40", "40/40"]
+  assert len(results["jax"][2]) == 80
+  effects = jax.make_jaxpr(compiled._active)(jnp.float32(1)).effects
+  assert bool(effects) is (mode != "queued")
+
+
+def test_a_queued_bar_whose_program_fails_is_closed_stopped(mode):
+  if mode != "queued":
+    pytest.skip("queued bars only")
+  import io
+  out = io.StringIO()
+
+  def fails_at_5(i):
+    if int(i) == 5:
+      raise ValueError("step 5 failed")
+    return i
+
+  def step(c, _):
+    c = hostcall.pure_callback(fails_at_5, jax.ShapeDtypeStruct((), jnp.int32),
+                               c)
+    return c + 1, None
+
+  compiled = hostcall.jit(lambda: hostcall.progress.scan(
+      step, 0, length=10, every=1, file=out, desc="boom")[0])
+  with pytest.raises(Exception, match="step 5 failed"):
+    compiled().block_until_ready()
+  from hostcall._apps import bars as bars_module
+  assert not [key for key, bar in bars_module.bars._bars.items()
+              if bar.is_open]
+  assert "stopped" in out.getvalue().split("\r")[-1]

@@ -21,7 +21,7 @@ HERE = pathlib.Path(__file__).parent
 FILES = ["test_id_tap.py", "test_id_print.py", "test_debug.py",
          "test_io_callback.py", "test_buffered.py", "test_metrics.py",
          "test_call.py", "test_pure_callback.py", "test_contracts.py",
-         "test_roundtrip.py"]
+         "test_roundtrip.py", "test_progress.py"]
 
 DIFFERENT = {
     # A failure is reported by the barrier, not by the call.

@@ -216,9 +216,9 @@ def test_nested_loops_draw_nested_bars():
   opened = []
   original = bars_module.Bars.open
 
-  def spy(self, site, device, total, context=None):
+  def spy(self, site, device, total, context=None, **kwargs):
     opened.append(self._by_site[site].desc)
-    return original(self, site, device, total, context)
+    return original(self, site, device, total, context, **kwargs)
 
   bars_module.Bars.open = spy
   try:

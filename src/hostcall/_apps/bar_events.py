@@ -22,6 +22,7 @@ from hostcall import _jax_private
 from hostcall._apps import bars as _bars
 from hostcall._apps import control as _control
 from hostcall._core import CallTarget, PostponingTarget, bind, target
+from hostcall._core.context import delivering_asynchronously
 
 # Targets ---------------------------------------------------------------------
 
@@ -64,6 +65,19 @@ def _handle(value) -> int:
   return int(np.asarray(value).reshape(-1)[0])
 
 
+#: The handle a queued open gives its loop (``_Open.queued_answer``).
+LATEST = -1
+
+
+def _resolved(handle, site: int, context) -> int:
+  """The handle an event of ``site`` carries; for ``LATEST``, the one this
+  device's latest open of the site got (queued, the open came first)."""
+  handle = _handle(handle)
+  if handle == LATEST:
+    return _bars.bars.latest(site, context.device)
+  return handle
+
+
 @target
 class _Open(_BarQuestion):
   """Opens the bar of one invocation: ``(total,)``; returns the invocation's
@@ -74,10 +88,22 @@ class _Open(_BarQuestion):
   bufferable = False
   containable = False  # opens a loop even where a failure is contained
 
+  # Queued by hostcall.jit (a bar, not a steered loop, whose checks need
+  # the handle): the loop gets LATEST, the ticks and the close find the
+  # handle the open got, the queue keeping them in order.
+  @property
+  def queueable(self) -> bool:
+    return self.stop is None
+
+  @property
+  def queued_answer(self) -> int | None:
+    return LATEST if self.stop is None else None
+
   def deliver(self, flat_args, context):
     total = int(np.asarray(flat_args[0]).reshape(-1)[0])
     handle = _bars.bars.open(self.site, context.device,
-                             None if total < 0 else total, context)
+                             None if total < 0 else total, context,
+                             queued=delivering_asynchronously())
     if self.stop is not None:
       _control.controls.open(handle, self.stop, context.device)
     lanes = tuple(size for _, size in reversed(context.batch_levels))
@@ -91,8 +117,11 @@ class _Close(_BarTap):
 
   bufferable = False
 
+  queueable = True
+
   def deliver(self, flat_args, context):
     handle, count, _, *reason = flat_args
+    handle = _resolved(handle, self.site, context)
     # A steered loop's reason: not 0 where it stopped early (all lanes
     # stop together).
     stopped = bool(reason) and bool(np.any(np.asarray(reason[0]) != 0))
@@ -107,8 +136,11 @@ class _Tick(_BarTap):
 
   bufferable = False
 
+  queueable = True
+
   def deliver(self, flat_args, context):
     handle, count, _, *active = flat_args
+    handle = _resolved(handle, self.site, context)
     running = int(np.count_nonzero(active[0])) if active else None
     _bars.bars.tick(_handle(handle), context.device, _bars.last_count(count),
                     _bars.lanes_of(context), running)

@@ -126,6 +126,8 @@ class Bars:
     self._specs: dict[BarSpec, int] = {}
     self._by_site: list[BarSpec] = []
     self._invocations: collections.Counter = collections.Counter()
+    # (site, device) -> the handle its latest open got.
+    self._latest: dict[tuple, int] = {}
     # Bars stay findable after closing, for devices that open them late.
     self._bars: collections.OrderedDict = collections.OrderedDict()
     # An invocation's handle -> (bar or None where not drawn, device, the
@@ -151,9 +153,12 @@ class Bars:
         self._by_site.append(spec)
       return self._specs[spec]
 
-  def open(self, site: int, device, total: int | None, context=None) -> int:
+  def open(self, site: int, device, total: int | None, context=None,
+           queued: bool = False) -> int:
     """Opens (or joins, for another device) the bar of this device's next
-    invocation of the loop; returns the invocation's handle."""
+    invocation of the loop; returns the invocation's handle. ``queued``:
+    the open was queued (``hostcall.jit``), not made by the thread that
+    runs the loop's computation."""
     with self._lock:
       spec = self._by_site[site]
       index = self._invocations[(site, device)]
@@ -175,11 +180,19 @@ class Bars:
               if getattr(d, "process_index", 0) == process)
         else:
           bar = None
-      self._open[handle] = (bar, device, threading.get_ident(),
+      self._open[handle] = (bar, device,
+                            QUEUED if queued else threading.get_ident(),
                             time.monotonic())
+      self._latest[(site, device)] = handle
       self._groups[handle] = (site, index)
       self._paces[handle] = (time.monotonic(), 0, 0)
       return handle
+
+  def latest(self, site: int, device) -> int:
+    """The handle of this device's latest invocation of ``site`` (the one
+    a queued event of the site belongs to: see ``bar_events.LATEST``)."""
+    with self._lock:
+      return self._latest.get((site, device), -1)
 
   def tick(self, handle: int, device, count: int, lanes: int | None = None,
            running: int | None = None) -> None:
@@ -248,7 +261,7 @@ class Bars:
       self._paces[handle] = (now, following, asked + 1)
       return following
 
-  def close_all(self, stopped: bool = False, thread: int | None = None,
+  def close_all(self, stopped: bool = False, thread: int | str | None = None,
                 opened_before: float | None = None) -> None:
     """Closes the open bars (of invocations opened by ``thread``, or before
     ``opened_before``, and every ``track`` counter): their loops ended
@@ -309,11 +322,19 @@ class Bars:
 bars = Bars()
 
 
+#: The opener of a bar whose open was queued (``hostcall.jit``'s programs,
+#: on one device, run one at a time: once the queue is delivered, a bar
+#: such an open left open is the failing computation's).
+QUEUED = "queued"
+
+
 def _computation_failed() -> None:
   # Its loops will send no more events: deliver those already queued, then
-  # close what it opened (from the thread that runs it and now fails).
+  # close what it opened (from the thread that runs it and now fails, or
+  # through the queue).
   _queue.consumer.drain(timeout=5.0)
   bars.close_all(stopped=True, thread=threading.get_ident())
+  bars.close_all(stopped=True, thread=QUEUED)
 
 
 def _after_barrier() -> None:

@@ -7,7 +7,10 @@ evaluated again with each such call rebound one of two ways:
 * queued (``evaluate_threaded``, one CPU device with the native queue):
   ``threaded``'s call, which queues the operands from the device without a
   JAX effect, ordered by a value threaded from call to call, through
-  ``lax.scan`` and ``while_loop`` carries and ``cond`` branches;
+  ``lax.scan`` and ``while_loop`` carries and ``cond`` branches; a target
+  that is ``queueable`` may be (a progress bar's events too), and a call
+  with results whose target has a ``queued_answer`` gives the program
+  that value (a bar's open: "this device's latest invocation");
 * as outputs (``evaluate``, elsewhere): each call's operands become extra
   outputs of the program, packed into one flat buffer of bytes, and a
   ``Plan`` says how the host replays the calls, in program order, once
@@ -22,8 +25,9 @@ reverse scan) and, queued only, a ``while_loop`` body and a ``cond``
 branch (a ``while_loop``'s predicate may not call the host).
 
 A host call anywhere else (a ``shard_map``, a ``jax.checkpoint``, a
-``custom_jvp`` or ``custom_vjp`` function), a call with results or one
-whose target must be called live (a progress bar's event), and any other
+``custom_jvp`` or ``custom_vjp`` function), a call with results (unless
+queued with an answer) or one whose target must be called live (as
+outputs, a progress bar's event), and any other
 effect, leave the program as it is (``analyse`` says None): its host calls
 then run where ``jax.jit`` runs them, in their order. Host calls without an
 effect (``pure_callback``) stay where they are and do not stop the others
@@ -160,13 +164,21 @@ def _replay(nodes, values, devices, run, contexts) -> None:
 
 # --- which programs can be deferred -----------------------------------------
 
-def _deferrable_call(eqn) -> bool:
+def _deferrable_call(eqn, queued: bool = False) -> bool:
+  """Whether the host call ``eqn`` may be taken out: queued from the
+  device (``queued``: its target is ``queueable``, and a call with results
+  has a ``queued_answer`` for the program), or as outputs (a result-less
+  call whose target is ``deferrable``)."""
   params = eqn.params
   target = params["target"]
-  return ((params["kind"] == "tap" or not params["result_avals"])
-          and getattr(target, "deferrable", False)
-          and not params["partitioned"]
-          and all(_packable(v.aval) for v in eqn.invars))
+  if params["partitioned"] or not all(_packable(v.aval) for v in eqn.invars):
+    return False
+  answers = params["kind"] == "call" and params["result_avals"]
+  if queued:
+    return (getattr(target, "queueable", False)
+            and (not answers
+                 or getattr(target, "queued_answer", None) is not None))
+  return not answers and getattr(target, "deferrable", False)
 
 
 def _packable(aval) -> bool:
@@ -191,7 +203,7 @@ def analyse(jaxpr, queued: bool = False) -> bool | None:
   found = False
   for eqn in _jaxpr_of(jaxpr).eqns:
     if eqn.primitive is hostcall_p:
-      if _deferrable_call(eqn):
+      if _deferrable_call(eqn, queued):
         found = True
         continue
       if eqn.effects:
@@ -303,9 +315,13 @@ def _evaluate(jaxpr, consts, args, recorder: _Recorder) -> list:
     write(var, value)
   for eqn in jaxpr.eqns:
     invals = [read(v) for v in eqn.invars]
-    if eqn.primitive is hostcall_p and _deferrable_call(eqn):
+    if eqn.primitive is hostcall_p and _deferrable_call(eqn, queued):
       recorder.record(eqn, invals)
-      outs = invals if eqn.params["kind"] == "tap" else []
+      if eqn.params["kind"] == "tap":
+        outs = invals
+      else:  # no results, or what a queued call answers (queued_answer)
+        outs = [jnp.full(v.aval.shape, eqn.params["target"].queued_answer,
+                         v.aval.dtype) for v in eqn.outvars]
     elif _is_jit(eqn) and analyse(eqn.params["jaxpr"], queued):
       inner = eqn.params["jaxpr"]
       outs = _constrained(_evaluate(

@@ -75,6 +75,21 @@ class HostTarget(KeyedFields):
   def deferrable(self) -> bool:
     return self.bufferable
 
+  #: Whether ``hostcall.jit`` may queue this call from the device without a
+  #: JAX effect (one CPU device; see ``threaded``): the queue delivers it
+  #: while the program runs, in program order, so that a call the host
+  #: must see as it happens (a progress bar's tick) may be, if the program
+  #: needs no answer from it. By default as ``deferrable``.
+  @property
+  def queueable(self) -> bool:
+    return self.deferrable
+
+  #: For a call with results: the value each result holds in the program
+  #: when ``hostcall.jit`` queues the call instead of waiting for it (the
+  #: host function still gets the call, later); None: it must be waited
+  #: for. A bar's open answers -1, "this device's latest invocation".
+  queued_answer: int | None = None
+
   #: The delivery this target asks for (``"async"`` for taps whose host side
   #: never needs to run before the computation goes on); None: the delivery
   #: in force when traced. ``hostcall.scan`` flushes asynchronously when

@@ -207,9 +207,11 @@ def jit(fun: Callable | None = None, /, **jit_kwargs: Any):
   ``hostcall.barrier()`` waits for the host functions. A failing host
   function is reported by the next barrier, as an asynchronous tap's is.
 
-  A program with a host call that must run where it is (a call with
-  results that has an effect, a progress bar's event, a steered loop, and
-  where calls become outputs a tap in a ``while_loop`` or ``cond``) is
+  On one CPU device a progress bar's events are queued too (its open
+  answers "this device's latest invocation"). A program with a host call
+  that must run where it is (a call with results that has an effect, a
+  steered loop, and where calls become outputs a progress bar or a tap in
+  a ``while_loop`` or ``cond``) is
   compiled exactly as ``jax.jit`` compiles it: its host calls run during
   the call, in their order.
 

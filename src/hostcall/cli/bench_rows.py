@@ -315,9 +315,9 @@ def metrics_rows(b: Bench) -> list[dict]:
       run.log(i, value=carry[0, 0], norm=carry[0, 1])
       return (i + 1, carry), None
 
-    def logged(loop, **options):
-      return jax.jit(lambda x: loop(logged_step, (0, x), None, length=b.steps,
-                                    **options)[0][1])
+    def logged(loop, jit=jax.jit, **options):
+      return jit(lambda x: loop(logged_step, (0, x), None, length=b.steps,
+                                **options)[0][1])
 
     def stacked_step(state, _):  # the same values, returned as ys
       i, carry = state
@@ -348,6 +348,12 @@ def metrics_rows(b: Bench) -> list[dict]:
     rows.append(_row("7. ... progress bar + metrics / effectful dispatch", us,
                      effectful, None,
                      "vs the plain scan with one jax.debug.callback"))
+    # The same loop under hostcall.jit: on one CPU device the bar's events
+    # and the rows are queued without a JAX effect (issue 23).
+    us, ratio = b.paired(logged(hostcall.progress.scan, jit=hostcall.jit,
+                                file=io.StringIO()), repeats=repeats)
+    rows.append(_row("7. progress bar + per-step metrics under hostcall.jit",
+                     us, ratio, 1.1, "ratio to the plain scan"))
     # The barrier waits until every row is written.
     e2e = _median_time(lambda: (fn(X).block_until_ready(), hostcall.barrier()),
                        b.repeats)
