@@ -864,3 +864,53 @@ def test_a_queued_bar_whose_program_fails_is_closed_stopped(mode):
   assert not [key for key, bar in bars_module.bars._bars.items()
               if bar.is_open]
   assert "stopped" in out.getvalue().split("\r")[-1]
+
+
+def test_a_queued_call_python_cannot_read_loses_only_itself(mode,
+                                                             monkeypatch):
+  # Several calls of one site read together: one that cannot be read into
+  # Python is reported by the barrier, the others are delivered.
+  import ctypes
+  if mode != "queued":
+    pytest.skip("queued calls only")
+  seen = []
+
+  @hostcall.jit
+  def f(x):
+    hostcall.debug_callback(lambda v: seen.append(int(v[0])), x)
+    return x
+
+  f(np.zeros(8, np.int32))
+  hostcall.barrier()
+  seen.clear()
+  real_buffer, real_string_at = ctypes.create_string_buffer, ctypes.string_at
+  failed = []
+
+  def no_buffer(size):  # the batch's one buffer: items read one by one
+    return _raise(MemoryError())
+
+  def second_unreadable(address, size):
+    failed.append(size)
+    if len(failed) == 2:
+      raise MemoryError()
+    return real_string_at(address, size)
+
+  def _raise(exc):
+    raise exc
+
+  from hostcall._async import queue as queue_module
+  gather = queue_module.consumer.gather
+  hostcall.set_gather_window(1.0)  # the three calls in one batch
+  try:
+    monkeypatch.setattr(ctypes, "create_string_buffer", no_buffer)
+    monkeypatch.setattr(ctypes, "string_at", second_unreadable)
+    for i in range(3):
+      f(np.full(8, i, np.int32))
+    with pytest.raises(hostcall.CallbackException,
+                       match=r"could not be read into Python"):
+      hostcall.barrier()
+  finally:
+    monkeypatch.setattr(ctypes, "create_string_buffer", real_buffer)
+    monkeypatch.setattr(ctypes, "string_at", real_string_at)
+    hostcall.set_gather_window(gather)
+  assert seen == [0, 2]

@@ -438,6 +438,14 @@ class Consumer:
     if len(items) == 1:
       Consumer._deliver(*items[0])
       return
+    if any(isinstance(raw, queues.Unreadable) for _, _, raw in items):
+      # Each fails alone: the others are delivered.
+      for item in items:
+        try:
+          Consumer._deliver(*item)
+        except BaseException as exc:  # noqa: BLE001 - the consumer never dies
+          errors.postpone(exc, f"delivering a queued call of site {site}")
+      return
     target, contexts, layouts = sites.get(site)
     columns = _columns(target, layouts, items)
     if target.deliver_steps is not None and target.joins_calls:
