@@ -840,32 +840,6 @@ def test_a_progress_bar_with_metrics_is_queued_as_jax_jit_draws_it(
   assert bool(effects) is (mode != "queued")
 
 
-def test_a_queued_bar_whose_program_fails_is_closed_stopped(mode):
-  if mode != "queued":
-    pytest.skip("queued bars only")
-  import io
-  out = io.StringIO()
-
-  def fails_at_5(i):
-    if int(i) == 5:
-      raise ValueError("step 5 failed")
-    return i
-
-  def step(c, _):
-    c = hostcall.pure_callback(fails_at_5, jax.ShapeDtypeStruct((), jnp.int32),
-                               c)
-    return c + 1, None
-
-  compiled = hostcall.jit(lambda: hostcall.progress.scan(
-      step, 0, length=10, every=1, file=out, desc="boom")[0])
-  with pytest.raises(Exception, match="step 5 failed"):
-    compiled().block_until_ready()
-  from hostcall._apps import bars as bars_module
-  assert not [key for key, bar in bars_module.bars._bars.items()
-              if bar.is_open]
-  assert "stopped" in out.getvalue().split("\r")[-1]
-
-
 def test_a_queued_call_python_cannot_read_loses_only_itself(mode,
                                                              monkeypatch):
   # Several calls of one site read together: one that cannot be read into

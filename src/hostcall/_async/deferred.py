@@ -76,7 +76,7 @@ class Deferred:
       return  # (while tracing, a program run here would be staged)
     self.queued_since_barrier = False
     with jax.transfer_guard("allow"):
-      _after_the_others().block_until_ready()
+      _settling_program()().block_until_ready()
 
   @property
   def is_deliverer(self) -> bool:
@@ -226,10 +226,6 @@ def _accelerated() -> bool:
 @functools.cache
 def _settling_program():
   return jax.jit(lambda: jax.numpy.zeros((), np.uint8))
-
-
-def _after_the_others():
-  return _settling_program()()
 
 
 def _run_one(target, operands, context) -> None:

@@ -33,9 +33,6 @@ def emit(ctx, target: HostTarget, contexts, token, operands, operand_avals,
     return _emit_python_push(ctx, queue.sites.add(target, contexts), token,
                              operands, operand_avals, op_sharding)
   site = queue.sites.add(target, contexts, layouts)
-  # The custom call names the site by number only: the executable owns what
-  # keeps it registered, and releases it with itself.
-  _jax_private.keep_with_executable(ctx, site)
   if token is not None:
     name = "hostcall_enqueue_ordered"
     operands = [token, *operands]
@@ -43,10 +40,9 @@ def emit(ctx, target: HostTarget, contexts, token, operands, operand_avals,
     avals_out = [_jax_private.abstract_token]
   else:
     name, avals_in, avals_out = "hostcall_enqueue", operand_avals, []
-  op = jax.ffi.build_ffi_lowering_function(name, has_side_effect=True)(
-      ctx.replace(avals_in=avals_in, avals_out=avals_out), *operands,
-      site=np.int64(site.site),
-      nbytes=np.array([layout.nbytes for layout in layouts], np.int64))
+  op = _native_enqueue(ctx.replace(avals_in=avals_in, avals_out=avals_out),
+                       name, site, operands,
+                       [layout.nbytes for layout in layouts])
   if op_sharding is not None:
     _jax_private.set_sharding(ctx.module_context, op, op_sharding)
   return op.results[0] if token is not None else None
@@ -83,14 +79,22 @@ def emit_threaded(ctx, target: HostTarget, transforms, device_index: int,
         returns_token=False)
     return results[0]
   site = queue.sites.add(target, contexts, layouts, joinable=True)
-  _jax_private.keep_with_executable(ctx, site)
-  op = jax.ffi.build_ffi_lowering_function(
-      "hostcall_enqueue_threaded", has_side_effect=True)(
-          ctx, order, *operands, site=np.int64(site.site),
-          nbytes=np.array([sum(layout.nbytes for layout in layouts)] if packed
-                          else [layout.nbytes for layout in layouts],
-                          np.int64))
+  nbytes = [layout.nbytes for layout in layouts]
+  op = _native_enqueue(ctx, "hostcall_enqueue_threaded", site,
+                       [order, *operands], [sum(nbytes)] if packed else nbytes)
   return op.results[0]
+
+
+def _native_enqueue(ctx, name: str, site: queue.SiteRef, operands, nbytes):
+  """The FFI custom call ``name`` that copies ``nbytes`` of each queued
+  operand into the queue for ``site`` (a leading token or order value,
+  not queued, is not counted)."""
+  # The custom call names the site by number only: the executable owns what
+  # keeps it registered, and releases it with itself.
+  _jax_private.keep_with_executable(ctx, site)
+  return jax.ffi.build_ffi_lowering_function(name, has_side_effect=True)(
+      ctx, *operands, site=np.int64(site.site),
+      nbytes=np.array(nbytes, np.int64))
 
 
 def push_callback(site: queue.SiteRef):

@@ -62,7 +62,7 @@ _MIN_CAPACITY, _MAX_CAPACITY = 1 << 16, 1 << 62
 _MAX_BARRIER_ROUNDS = 64
 
 
-def _bits(dtype: np.dtype) -> int:
+def element_bits(dtype: np.dtype) -> int:
   """Bits an element of ``dtype`` takes in a device buffer."""
   if dtype == jax.dtypes.float0:
     return 8  # stored as bool
@@ -85,7 +85,7 @@ class Layout:
   def __init__(self, shape, dtype):
     self.shape = tuple(int(d) for d in shape)
     self.dtype = np.dtype(dtype)
-    self.bits = _bits(self.dtype)
+    self.bits = element_bits(self.dtype)
     self.count = math.prod(self.shape)
     self.nbytes = -(-self.count * self.bits // 8)
 

@@ -26,6 +26,7 @@ from jax.interpreters import mlir
 
 from hostcall import _jax_private
 from hostcall._async import lowering as async_lowering
+from hostcall._async import queue
 
 hostcall_threaded_p = jex_core.Primitive("hostcall_threaded")
 hostcall_threaded_p.multiple_results = True
@@ -67,15 +68,8 @@ def _packable(dtype) -> bool:
   dtype = np.dtype(dtype)
   # Bytes as they are in the buffer: no sub-byte type (stored otherwise),
   # no complex number (which has no bit cast).
-  return (dtype.itemsize >= 1 and dtype.kind != "c"
-          and (dtype == np.bool_ or 8 * dtype.itemsize == _bits(dtype)))
-
-
-def _bits(dtype: np.dtype) -> int:
-  if dtype == np.bool_:
-    return 8
-  floating = jnp.issubdtype(dtype, jnp.floating)
-  return (jax.dtypes.finfo(dtype) if floating else jax.dtypes.iinfo(dtype)).bits
+  return (dtype.kind != "c"
+          and queue.element_bits(dtype) == 8 * dtype.itemsize)
 
 
 def _pack(operands):
@@ -114,6 +108,3 @@ hostcall_threaded_p.def_abstract_eval(_abstract_eval)
 hostcall_threaded_p.def_impl(_impl)
 mlir.register_lowering(hostcall_threaded_p, _lower)
 _jax_private.keep_when_unused(hostcall_threaded_p)
-
-#: The value's aval, for the lowering.
-ORDER_AVAL = _jax_private.ShapedArray((), np.uint8)

@@ -104,7 +104,7 @@ class Jitted:
       # calls are staged into the enclosing program, as jax.jit's are;
       # under jax.disable_jit() they run as the function runs.
       return self._plain(*args, **kwargs)
-    if mode == "auto" and _one_cpu_with_the_native_queue():
+    if _queues_on_this_device():
       # The barrier then waits for this program to have run.
       deferred.queued_since_barrier = True
       return self._queueing(*args, **kwargs)
@@ -116,7 +116,7 @@ class Jitted:
   @property
   def _active(self):
     """The ``jax.jit`` function a call of this one runs here."""
-    if mode == "auto" and _one_cpu_with_the_native_queue():
+    if _queues_on_this_device():
       return self._queueing
     return self._deferring
 
