@@ -426,6 +426,24 @@ def test_is_top_level_is_false_under_a_transformation():
   assert seen == [False, False]
 
 
+def test_dispatching_at_top_level_reads_jax_s_own_states():
+  # The quick reader, not its fallback: JAX's config states are still
+  # where it reads them (else hostcall.jit pays ~0.5 us a call).
+  assert _jax_private.dispatching_at_top_level.__name__ in (
+      "dispatching_at_top_level", "dispatching_at_top_level_in_context")
+  seen = [_jax_private.dispatching_at_top_level()]
+  jax.vmap(lambda x: seen.append(_jax_private.dispatching_at_top_level())
+           or x)(jnp.ones(2))
+  jax.jit(lambda x: seen.append(_jax_private.dispatching_at_top_level())
+          or x)(1.0)
+  jax.grad(lambda x: seen.append(_jax_private.dispatching_at_top_level())
+           or x)(1.0)
+  with jax.disable_jit():
+    seen.append(_jax_private.dispatching_at_top_level())
+  seen.append(_jax_private.dispatching_at_top_level())
+  assert seen == [True, False, False, False, False, True]
+
+
 def test_device_assignment_orders_a_sharding_s_devices():
   device = jax.devices()[0]
   assert _jax_private.device_assignment(

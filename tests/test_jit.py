@@ -888,3 +888,60 @@ def test_a_queued_call_python_cannot_read_loses_only_itself(mode,
     monkeypatch.setattr(ctypes, "string_at", real_string_at)
     hostcall.set_gather_window(gather)
   assert seen == [0, 2]
+
+
+def test_a_run_of_calls_of_one_site_each_fails_alone_with_its_arguments(
+    mode):
+  # Consecutive calls of one site are delivered together (queued: to the
+  # host function directly where its arguments are positional arrays);
+  # each call still gets its own values, and one that raises fails alone.
+  seen = []
+
+  def positional(v, w):
+    if float(v) == 3:
+      raise ValueError(f"step {float(v)}")
+    seen.append(("positional", type(v), np.shape(v), float(v), w.tolist()))
+
+  def keywords(text, v, *, w):
+    seen.append(("keywords", text, float(v), w.tolist()))
+
+  def returns_something(v):
+    seen.append(("io", float(v)))
+    return 1  # not None: io_callback's result check
+
+  @hostcall.jit
+  def step(x):
+    hostcall.debug_callback(positional, x, jnp.stack([x, -x]))
+    return x + 1
+
+  @hostcall.jit
+  def other(x):
+    hostcall.debug_callback(keywords, "at", x, w=jnp.arange(2) + x)
+    return x
+
+  @hostcall.jit
+  def io(x):
+    hostcall.io_callback(returns_something, None, x)
+    return x
+
+  for i in range(6):
+    step(np.float32(i))
+  with pytest.raises(hostcall.CallbackException, match="step 3.0"):
+    hostcall.barrier()
+  assert seen == [("positional", np.ndarray, (), float(i), [i, -i])
+                  for i in (0, 1, 2, 4, 5)]
+  seen.clear()
+  for i in range(3):
+    other(np.float32(i))
+  hostcall.barrier()
+  assert seen == [("keywords", "at", float(i), [i, i + 1]) for i in range(3)]
+  seen.clear()
+  for i in range(2):
+    io(np.float32(i))
+  # As under jax.jit, the result that should have been none is refused.
+  with pytest.raises(hostcall.CallbackException, match="returns_something"):
+    hostcall.barrier()
+  assert seen == [("io", 0.0), ("io", 1.0)]
+  with pytest.raises(Exception, match="returns_something"):
+    jax.jit(lambda x: hostcall.io_callback(returns_something, None, x))(
+        np.float32(9)).block_until_ready()

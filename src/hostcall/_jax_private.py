@@ -462,6 +462,35 @@ def is_top_level() -> bool:
   return _core.trace_ctx.is_top_level()
 
 
+def _dispatching_at_top_level_reader():
+  """The quickest test of ``is_top_level() and not jax_disable_jit`` this
+  JAX release allows: its config states read directly (checked per call by
+  ``hostcall.jit``, a dispatch of a few microseconds)."""
+  disable = getattr(_config, "disable_jit", None)
+  if getattr(disable, "value", None) is None:
+    return lambda: is_top_level() and not jax.config.jax_disable_jit
+  try:  # JAX 0.10 and later (as tested): the trace in config states
+    strong, axis = _core.trace_state_strong_ref, _core.axis_env_state
+    strong.value, axis.value  # noqa: B018 - both readable
+  except AttributeError:  # JAX 0.8: in a thread-local TracingContext
+    context = _core.trace_ctx
+
+    def dispatching_at_top_level_in_context() -> bool:
+      return context.is_top_level() and not disable.value
+    return dispatching_at_top_level_in_context
+
+  def dispatching_at_top_level() -> bool:
+    return (strong.value is _core.eval_trace
+            and axis.value is _core.top_axis_env and not disable.value)
+  return dispatching_at_top_level
+
+
+#: ``dispatching_at_top_level()``: whether a jitted call made now is
+#: dispatched as a compiled program (no transformation traces the caller,
+#: ``jax.disable_jit`` is off).
+dispatching_at_top_level = _dispatching_at_top_level_reader()
+
+
 def bind_equation(eqn, invals):
   """Binds ``eqn``'s primitive on ``invals`` in the current trace, as
   ``jax.core.eval_jaxpr`` does (its parameters made bindable, its source

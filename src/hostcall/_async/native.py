@@ -1,6 +1,8 @@
 """The asynchronous queue's native library: ``hostcall_queue.cc`` (the
 ``hostcall_enqueue`` FFI handlers and the C functions the consumer calls),
-built and loaded by ``_core/libraries.py`` on first use."""
+built and loaded by ``_core/libraries.py`` on first use. The metrics
+writers' number formatting (``_apps/metrics/hostcall_texts.cc``) is built
+into it: one build, one library to load."""
 
 from __future__ import annotations
 
@@ -12,9 +14,13 @@ from hostcall._core import libraries
 _vp, _i64 = ctypes.c_void_p, ctypes.c_int64
 _p64 = ctypes.POINTER(ctypes.c_int64)
 
+_TEXTS = (pathlib.Path(__file__).parent.parent / "_apps" / "metrics"
+          / "hostcall_texts.cc")
+
 #: The queue's library.
 LIBRARY = libraries.Library(
-    "hostcall_queue", [pathlib.Path(__file__).with_name("hostcall_queue.cc")],
+    "hostcall_queue", [pathlib.Path(__file__).with_name("hostcall_queue.cc"),
+                       _TEXTS],
     signatures={
         "hostcall_pop": ([_i64, _i64, _i64, ctypes.POINTER(_vp)], _i64),
         "hostcall_hurry": ([_i64], None),
@@ -29,6 +35,10 @@ LIBRARY = libraries.Library(
         "hostcall_set_bypass": ([_i64], None),
         "hostcall_set_capacity": ([_i64], None),
         "hostcall_stats": ([_p64], None),
+        "hostcall_rows_capacity": ([_i64, _i64, _p64], _i64),
+        "hostcall_format_rows": ([_i64, _i64, _p64, ctypes.POINTER(_vp),
+                                  ctypes.POINTER(ctypes.c_char_p), _p64,
+                                  _i64, ctypes.c_char_p], _i64),
     },
     handlers={"enqueue": ("hostcall_enqueue", "hostcall_enqueue_ordered",
                          "hostcall_enqueue_threaded")},
@@ -45,3 +55,8 @@ def load():
 def status() -> str:
   """One line: which tap queue is active, and why."""
   return LIBRARY.status()
+
+
+def loaded():
+  """The library if it is loaded already, else None (never builds)."""
+  return LIBRARY.loaded()

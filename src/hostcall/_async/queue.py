@@ -214,13 +214,10 @@ sites = _Sites()
 
 def _runs(batch: list) -> list:
   """The batch's items in runs of consecutive items of one call site."""
-  runs: list = []
-  for item in batch:
-    if runs and runs[-1][0][0] == item[0]:
-      runs[-1].append(item)
-    else:
-      runs.append([item])
-  return runs
+  return [list(run) for _, run in itertools.groupby(batch, _site_of)]
+
+
+_site_of = operator.itemgetter(0)
 
 
 def _columns(target, layouts, items: list) -> list:
@@ -454,8 +451,11 @@ class Consumer:
       calls.run(Steps(target, len(items)), stacked, contexts,
                 asynchronous=True)
     else:
-      calls.run_each(target, [[c[i, ...] for c in columns]
-                              for i in range(len(items))], contexts)
+      # Each call's arrays: views of the columns, 0-d for a scalar one.
+      at = list(zip(range(len(items)), itertools.repeat(Ellipsis)))
+      calls.run_each(target, zip(*[map(c.__getitem__, at) for c in columns])
+                     if columns else itertools.repeat((), len(items)),
+                     contexts)
 
   @staticmethod
   def _deliver(site: int, arrays, raw) -> None:

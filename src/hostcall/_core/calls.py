@@ -123,16 +123,23 @@ def run_each(target: HostTarget, flats: Sequence[Sequence[np.ndarray]],
              context: CallContext) -> None:
   """Runs ``target`` for each of several queued calls of one call site,
   in order, in one call context: each fails alone, postponed to the
-  barrier (as ``run(..., asynchronous=True)`` would)."""
+  barrier (as ``run(..., asynchronous=True)`` would). The target's
+  ``caller`` calls the host function (of a debug callback: directly)."""
+  call = target.caller(context)
   with calling(context, True):
     for flat_args in flats:
-      deliver(target, flat_args, context)
+      try:
+        call(*flat_args)
+      except (Stopped, Contained):
+        raise
+      except BaseException as exc:  # noqa: BLE001 - a tap must never kill the run
+        errors.postpone(exc, f"tap function {target!r}")
 
 
 def is_host_function_entry(frame) -> bool:
   """Whether ``frame`` is where hostcall calls a host function (the frames
   above it are the function's, and whatever interrupts it)."""
-  return frame.f_code is deliver.__code__
+  return frame.f_code in _ENTRIES
 
 
 def deliver(target: HostTarget, flat_args: Sequence[np.ndarray],
@@ -165,6 +172,9 @@ def deliver(target: HostTarget, flat_args: Sequence[np.ndarray],
       raise Stopped(_stop_computation(target, exc)) from None
     errors.postpone(exc, f"tap function {target!r}")
     return ()
+
+
+_ENTRIES = (deliver.__code__, run_each.__code__)
 
 
 def _zeros(result_avals) -> tuple:

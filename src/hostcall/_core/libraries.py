@@ -253,6 +253,10 @@ class Library:
             "again.", HostcallNativeWarning, stacklevel=3)
       return self._lib
 
+  def loaded(self):
+    """The library if ``load()`` has loaded it, else None."""
+    return self._lib
+
   def built(self) -> bool:
     """Whether this build of the library is in the cache, verified."""
     try:

@@ -137,6 +137,13 @@ class HostTarget(KeyedFields):
               context: CallContext) -> Sequence[Any]:
     raise NotImplementedError
 
+  def caller(self, context: CallContext) -> Callable[..., Any]:
+    """``call(*flat_args)``: delivers one call of this site in ``context``
+    as ``deliver`` does, its results dropped. A target may return a
+    quicker one for the calls of a site delivered one after another
+    (``calls.run_each``)."""
+    return lambda *flat_args: self.deliver(flat_args, context)
+
   def vmap_method(self) -> str:
     """How a call with results is batched, or raise to refuse ``vmap``.
 

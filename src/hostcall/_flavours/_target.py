@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable
 
 import jax
@@ -21,6 +22,14 @@ _JAX_NAMES = {"debug_callback": "jax.debug.callback",
 #: Flavours called for their effect, as JAX's debug callbacks (the grad
 #: flavours' calls are debug callbacks of the backward pass).
 _DEBUG_LIKE = ("debug_callback", "debug_print", "grad_callback", "grad_print")
+
+
+@functools.cache
+def _positional(in_tree) -> bool:
+  """Whether ``in_tree``, of ``(args, kwargs)``, is that of positional
+  array arguments only: its flat leaves are the arguments."""
+  n = in_tree.num_leaves
+  return in_tree == jax.tree_util.tree_structure(((0,) * n, {}))
 
 
 @target
@@ -128,6 +137,24 @@ class CallbackTarget(CallTarget):
     # element at a time, in index order, and the results are stacked.
     return call_per_element(lambda flat: self._call_once(flat, avals),
                             list(flat_args), levels, len(avals))
+
+  def caller(self, context: CallContext):
+    if context.batch_levels or self.result_avals or not _positional(
+        self.in_tree):
+      return super().caller(context)
+    # The common queued call: the callback on its flat arguments; a debug
+    # callback's own function directly (its result is ignored anyway).
+    direct = getattr(type(self.callback), "direct_form", None)
+    if direct is not None:
+      return direct(self.callback)
+    callback, name = self.callback, self.name
+
+    def call(*flat):
+      result = callback(*flat)
+      if result is not None:
+        results.check_results(result, self.result_tree, (),
+                              f"{self.flavour}: the callback {name!r}")
+    return call
 
   def _call_once(self, flat, avals) -> list:
     args, kwargs = jax.tree_util.tree_unflatten(self.in_tree, flat)

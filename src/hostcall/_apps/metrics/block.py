@@ -15,6 +15,8 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from hostcall._apps.metrics import texts as texts_module
+
 
 @dataclasses.dataclass
 class Block:
@@ -154,6 +156,9 @@ def column_texts(values: np.ndarray, json_style: bool) -> list[str]:
   """One text per row of a scalar column, floats in their shortest form for
   their own precision (a float32 0.1 is written ``0.1``)."""
   values = plain(values)
+  texts = texts_module.column(values, json_style)
+  if texts is not None:
+    return texts
   texts = values.astype(str).tolist()
   if json_style and np.issubdtype(values.dtype, np.inexact) and \
       not np.isfinite(values).all():

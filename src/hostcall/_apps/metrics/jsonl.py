@@ -7,8 +7,9 @@ import json
 import os
 import pathlib
 
-from hostcall._apps.metrics import files
-from hostcall._apps.metrics.block import Block, column_texts, python_values
+from hostcall._apps.metrics import files, texts
+from hostcall._apps.metrics.block import (Block, column_texts, plain,
+                                          python_values)
 from hostcall._apps.metrics.writer import Writer
 
 
@@ -54,21 +55,28 @@ class JsonlWriter(Writer):
     Arguments:
       block: the rows to write.
     """
-    # Formatted column by column: about a microsecond a row.
     columns = {**block.index_columns(), **block.metrics}
-    texts = [
+    if self._fd is None:
+      raise ValueError(f"{self.path}: write to a closed JsonlWriter")
+    # Names are data: written as JSON strings.
+    names = [json.dumps(name) for name in columns]
+    # Every row at once by the native formatter, where it can.
+    text = texts.rows(
+        ["{" + names[0] + ": ", *(", " + n + ": " for n in names[1:]), "}\n"],
+        [plain(values) for values in columns.values()], json=True)
+    if text is not None:
+      files.write_all(self._fd, text)
+      return
+    # Formatted column by column: about a microsecond a row.
+    column_text_lists = [
         column_texts(values, json_style=True) if values.ndim == 1 else
         [json.dumps(v) for v in python_values(values)]
         for values in columns.values()]
-    # Names are data: written as JSON strings, their "%" escaped in the
-    # row's template (one % formatting a row is four times faster than
-    # joining its pieces).
-    line = "{" + ", ".join(json.dumps(name).replace("%", "%%") + ": %s"
-                           for name in columns) + "}\n"
-    if self._fd is None:
-      raise ValueError(f"{self.path}: write to a closed JsonlWriter")
+    # Their "%" escaped in the row's template (one % formatting a row is
+    # four times faster than joining its pieces).
+    line = "{" + ", ".join(n.replace("%", "%%") + ": %s" for n in names) + "}\n"
     # (JSON escapes what is not ASCII: the text is ASCII.)
-    files.write_all(self._fd, "".join(line % row for row in zip(*texts)).encode(
+    files.write_all(self._fd, "".join(line % row for row in zip(*column_text_lists)).encode(
         "utf-8", "surrogateescape"))
 
   def flush(self) -> None:

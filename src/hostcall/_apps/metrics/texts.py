@@ -1,0 +1,79 @@
+"""Columns of numbers as text for the metrics writers: NumPy's ``str()`` of
+each value (``block.column_texts``' words), formatted by the native library
+(``hostcall_texts.cc``, built into the tap queue's) when it is loaded, else
+by NumPy."""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+from hostcall._async import native
+
+#: The formatter's column kinds, by dtype.
+_KINDS = {np.dtype(np.int64): 0, np.dtype(np.float32): 1,
+          np.dtype(np.float64): 2}
+
+_tried_loading = False
+
+
+def _library():
+  """The native library: loaded already, or built already and loaded now
+  (a metrics writer never waits for a build of its own)."""
+  global _tried_loading
+  lib = native.loaded()
+  if lib is None and not _tried_loading:
+    _tried_loading = True
+    if native.LIBRARY.built():
+      lib = native.load()
+  return lib
+
+
+def _native_column(values: np.ndarray) -> np.ndarray | None:
+  """``values`` (``block.plain``'s) as the formatter reads them, or None."""
+  if values.ndim != 1:
+    return None
+  if values.dtype.kind in "iu" and np.can_cast(values.dtype, np.int64):
+    values = values.astype(np.int64, copy=False)
+  if values.dtype not in _KINDS:
+    return None
+  return np.ascontiguousarray(values)
+
+
+def rows(pieces: list[str], columns: list[np.ndarray], json: bool
+         ) -> bytes | None:
+  """``pieces[0] value pieces[1] value ... pieces[-1]`` for each row of the
+  1-D ``columns`` (of one length; ASCII ``pieces``, one more than columns);
+  non-finite floats as JSON writes them where ``json``. None where the
+  native formatter is not loaded or a column is not an int or float32/64
+  vector, or where the library was built without floating-point
+  ``std::to_chars``: the caller formats with NumPy then."""
+  lib = _library()
+  if lib is None or not columns:
+    return None
+  arrays = [_native_column(c) for c in columns]
+  if any(a is None for a in arrays) or len({len(a) for a in arrays}) != 1:
+    return None
+  k = len(arrays)
+  encoded = [p.encode("ascii") for p in pieces]
+  sizes = (ctypes.c_int64 * (k + 1))(*map(len, encoded))
+  kinds = (ctypes.c_int64 * k)(*(_KINDS[a.dtype] for a in arrays))
+  data = (ctypes.c_void_p * k)(*(a.ctypes.data for a in arrays))
+  texts = (ctypes.c_char_p * (k + 1))(*encoded)
+  # Not zeroed (ctypes' buffers are): a bound, mostly left unwritten.
+  out = np.empty(lib.held.hostcall_rows_capacity(len(arrays[0]), k, sizes),
+                 np.uint8)
+  # Through ``lib``, which releases the GIL while it formats.
+  size = lib.hostcall_format_rows(len(arrays[0]), k, kinds, data, texts,
+                                  sizes, int(json),
+                                  ctypes.c_char_p(out.ctypes.data))
+  return None if size < 0 else out[:size].tobytes()
+
+
+def column(values: np.ndarray, json: bool) -> list[str] | None:
+  """One text per value of the 1-D ``values``, or None (as ``rows``)."""
+  text = rows(["", "\n"], [values], json)
+  if text is None:
+    return None
+  return text.decode("ascii").split("\n")[:-1]
