@@ -153,3 +153,14 @@ def test_jsonl_of_vectors_only_is_written_natively(formatter, tmp_path,
   assert (tmp_path / "m.jsonl").read_text() == (
       '{"step": 0, "x": 0.1}\n{"step": 1, "x": 2.0}\n'
       '{"step": 2, "x": 3e+07}\n{"step": 3, "x": -0.0}\n')
+
+
+def test_many_rows_are_formatted_in_chunks_in_order(formatter, monkeypatch):
+  monkeypatch.setattr(texts, "_CHUNK_ROWS", 7)
+  values = np.arange(50, dtype=np.float32) / 4
+  assert texts.column(values, True) == _numpy_words(values, True)
+  assert texts.rows(["", "|", "\n"], [np.arange(15), values[:15]],
+                    json=False).decode().splitlines() == [
+                        f"{i}|{v}" for i, v in zip(range(15),
+                                                   _numpy_words(values[:15],
+                                                                False))]

@@ -24,7 +24,7 @@ _JAX_NAMES = {"debug_callback": "jax.debug.callback",
 _DEBUG_LIKE = ("debug_callback", "debug_print", "grad_callback", "grad_print")
 
 
-@functools.cache
+@functools.lru_cache(maxsize=1024)
 def _positional(in_tree) -> bool:
   """Whether ``in_tree``, of ``(args, kwargs)``, is that of positional
   array arguments only: its flat leaves are the arguments."""

@@ -59,16 +59,27 @@ def rows(pieces: list[str], columns: list[np.ndarray], json: bool
   encoded = [p.encode("ascii") for p in pieces]
   sizes = (ctypes.c_int64 * (k + 1))(*map(len, encoded))
   kinds = (ctypes.c_int64 * k)(*(_KINDS[a.dtype] for a in arrays))
-  data = (ctypes.c_void_p * k)(*(a.ctypes.data for a in arrays))
   texts = (ctypes.c_char_p * (k + 1))(*encoded)
-  # Not zeroed (ctypes' buffers are): a bound, mostly left unwritten.
-  out = np.empty(lib.held.hostcall_rows_capacity(len(arrays[0]), k, sizes),
-                 np.uint8)
-  # Through ``lib``, which releases the GIL while it formats.
-  size = lib.hostcall_format_rows(len(arrays[0]), k, kinds, data, texts,
-                                  sizes, int(json),
-                                  ctypes.c_char_p(out.ctypes.data))
-  return None if size < 0 else out[:size].tobytes()
+  chunks = []
+  # In chunks of rows: the output buffer is a bound on what they take.
+  for start in range(0, max(len(arrays[0]), 1), _CHUNK_ROWS):
+    part = [a[start:start + _CHUNK_ROWS] for a in arrays]
+    n = len(part[0])
+    data = (ctypes.c_void_p * k)(*(a.ctypes.data for a in part))
+    # Not zeroed (ctypes' buffers are): mostly left unwritten.
+    out = np.empty(lib.held.hostcall_rows_capacity(n, k, sizes), np.uint8)
+    # Through ``lib``, which releases the GIL while it formats.
+    size = lib.hostcall_format_rows(n, k, kinds, data, texts, sizes,
+                                    int(json),
+                                    ctypes.c_char_p(out.ctypes.data))
+    if size < 0:
+      return None
+    chunks.append(out[:size].tobytes())
+  return b"".join(chunks)
+
+
+#: Rows formatted in one native call at most.
+_CHUNK_ROWS = 1 << 16
 
 
 def column(values: np.ndarray, json: bool) -> list[str] | None:
