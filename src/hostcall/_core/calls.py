@@ -128,29 +128,29 @@ def run_each(target: HostTarget, flats: Sequence[Sequence[np.ndarray]],
   call = target.caller(context)
   with calling(context, True):
     for flat_args in flats:
-      try:
-        call(*flat_args)
-      except (Stopped, Contained):
-        raise
-      except BaseException as exc:  # noqa: BLE001 - a tap must never kill the run
-        errors.postpone(exc, f"tap function {target!r}")
+      deliver(target, flat_args, context, call)
 
 
 def is_host_function_entry(frame) -> bool:
   """Whether ``frame`` is where hostcall calls a host function (the frames
   above it are the function's, and whatever interrupts it)."""
-  return frame.f_code in _ENTRIES
+  return frame.f_code is deliver.__code__
 
 
 def deliver(target: HostTarget, flat_args: Sequence[np.ndarray],
-            context: CallContext) -> tuple:
+            context: CallContext, call: Callable | None = None) -> tuple:
   """``target.deliver`` under ``target``'s failure policy, in the call
   context ``run`` set. A target that delivers for others (the taps of a
   loop's chunk) calls this for each, so that each fails as it would alone:
   a postponing one is logged for the barrier and the others go on; one that
   fails its computation raises ``Stopped``, which passes through to ``run``.
+  ``call``: the target's ``caller`` (``run_each``), used instead, its
+  results dropped.
   """
   try:
+    if call is not None:
+      call(*flat_args)
+      return ()
     out = target.deliver(flat_args, context)
     return tuple(out) if target.on_error == "fail" else ()
   except (Stopped, Contained):
@@ -172,9 +172,6 @@ def deliver(target: HostTarget, flat_args: Sequence[np.ndarray],
       raise Stopped(_stop_computation(target, exc)) from None
     errors.postpone(exc, f"tap function {target!r}")
     return ()
-
-
-_ENTRIES = (deliver.__code__, run_each.__code__)
 
 
 def _zeros(result_avals) -> tuple:

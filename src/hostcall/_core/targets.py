@@ -23,6 +23,7 @@ import dataclasses
 import functools
 from typing import Any, Callable, Sequence
 
+import jax
 import numpy as np
 
 from hostcall import _jax_private
@@ -225,6 +226,14 @@ class Steps:
 
   def __repr__(self):
     return repr(self.target)
+
+
+@functools.lru_cache(maxsize=1024)
+def is_positional(in_tree) -> bool:
+  """Whether ``in_tree``, of ``(args, kwargs)``, is that of positional
+  array arguments only: its flat leaves are the arguments."""
+  n = in_tree.num_leaves
+  return in_tree == jax.tree_util.tree_structure(((0,) * n, {}))
 
 
 #: vmap methods under which the host function gets the whole batch at once.

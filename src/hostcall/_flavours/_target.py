@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any, Callable
 
 import jax
@@ -11,7 +10,7 @@ import jax
 from hostcall import _jax_private
 from hostcall._core.context import CallContext
 from hostcall._core.targets import (VECTORISED, CallTarget, call_per_element,
-                                    key_of, target)
+                                    is_positional, key_of, target)
 from hostcall._core import results
 
 VMAP_METHODS = ("sequential", "sequential_unrolled", *VECTORISED)
@@ -22,14 +21,6 @@ _JAX_NAMES = {"debug_callback": "jax.debug.callback",
 #: Flavours called for their effect, as JAX's debug callbacks (the grad
 #: flavours' calls are debug callbacks of the backward pass).
 _DEBUG_LIKE = ("debug_callback", "debug_print", "grad_callback", "grad_print")
-
-
-@functools.lru_cache(maxsize=1024)
-def _positional(in_tree) -> bool:
-  """Whether ``in_tree``, of ``(args, kwargs)``, is that of positional
-  array arguments only: its flat leaves are the arguments."""
-  n = in_tree.num_leaves
-  return in_tree == jax.tree_util.tree_structure(((0,) * n, {}))
 
 
 @target
@@ -139,7 +130,7 @@ class CallbackTarget(CallTarget):
                             list(flat_args), levels, len(avals))
 
   def caller(self, context: CallContext):
-    if context.batch_levels or self.result_avals or not _positional(
+    if context.batch_levels or self.result_avals or not is_positional(
         self.in_tree):
       return super().caller(context)
     # The common queued call: the callback on its flat arguments; a debug

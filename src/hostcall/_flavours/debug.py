@@ -11,7 +11,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from hostcall._core.targets import KeyedFields, key_of
+from hostcall._core.targets import KeyedFields, is_positional, key_of
 from hostcall._core.checks import (check_arguments, check_callable,
                                        is_array_like)
 from hostcall._flavours import _stage
@@ -44,9 +44,7 @@ class _WithStatic(KeyedFields):
   def direct_form(self) -> Callable:
     """What takes the dynamic leaves as ``__call__`` does, quicker: ``fn``
     itself where they are its positional arguments (its result ignored)."""
-    n = self.in_tree.num_leaves
-    if not self.static and self.in_tree == jax.tree_util.tree_structure(
-        ((0,) * n, {})):
+    if not self.static and is_positional(self.in_tree):
       return self.fn
     return self
 

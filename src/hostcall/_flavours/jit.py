@@ -65,8 +65,6 @@ def _queues_on_this_device() -> bool:
   return mode == "auto" and _one_cpu_with_the_native_queue()
 
 
-_dispatching_at_top_level = _jax_private.dispatching_at_top_level
-
 #: ``"auto"`` (queued where ``_queues_on_this_device`` says so) or
 #: ``"outputs"`` (always deferred to outputs; for tests and comparison).
 mode = "auto"
@@ -101,13 +99,12 @@ class Jitted:
     functools.update_wrapper(self, fun)
 
   def __call__(self, *args, **kwargs):
-    if not _dispatching_at_top_level():
+    if not _jax_private.dispatching_at_top_level():
       # Under a transformation (vmap, grad, an enclosing jit), the host
       # calls are staged into the enclosing program, as jax.jit's are;
       # under jax.disable_jit() they run as the function runs.
       return self._plain(*args, **kwargs)
-    if mode == "auto" and _one_cpu_with_the_native_queue():
-      # (_queues_on_this_device, inlined: a dispatch is a few us.)
+    if _queues_on_this_device():
       # The barrier then waits for this program to have run.
       deferred.queued_since_barrier = True
       return self._queueing(*args, **kwargs)

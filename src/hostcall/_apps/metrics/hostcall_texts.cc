@@ -24,12 +24,12 @@
 
 namespace {
 
+// The most characters one value takes: "-1.2345678901234567e-308".
+constexpr int64_t kMaxValueChars = 32;
+
 #ifdef HOSTCALL_HAVE_FLOAT_TO_CHARS
 
 enum Kind : int64_t { kInt64 = 0, kFloat32 = 1, kFloat64 = 2 };
-
-// The most characters one value takes: "-1.2345678901234567e-308".
-constexpr int64_t kMaxValueChars = 32;
 
 char* Copy(char* out, const char* text) {
   size_t n = std::strlen(text);
