@@ -479,9 +479,12 @@ def _dispatching_at_top_level_reader():
       return context.is_top_level() and not disable.value
     return dispatching_at_top_level_in_context
 
+  # Both made once, when JAX's core is imported.
+  evaluating, no_axes = _core.eval_trace, _core.top_axis_env
+
   def dispatching_at_top_level() -> bool:
-    return (strong.value is _core.eval_trace
-            and axis.value is _core.top_axis_env and not disable.value)
+    return (strong.value is evaluating and axis.value is no_axes
+            and not disable.value)
   return dispatching_at_top_level
 
 

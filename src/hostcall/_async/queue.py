@@ -218,13 +218,14 @@ def _runs(batch: list) -> list:
 
 
 _site_of = operator.itemgetter(0)
+_raw_of = operator.itemgetter(2)
 
 
 def _columns(target, layouts, items: list) -> list:
   """The operands of several queued calls of one site, each stacked
   ``(calls, *shape)``: read at once where every operand is whole bytes."""
   raws = [raw for _, arrays, raw in items]
-  if (layouts is not None and all(isinstance(raw, bytes) for raw in raws)
+  if (layouts is not None and set(map(type, raws)) == {bytes}
       and all(layout.bits % 8 == 0 and layout.count for layout in layouts)):
     rows = np.frombuffer(b"".join(raws), np.uint8).reshape(len(raws), -1)
     columns, at = [], 0
@@ -435,7 +436,7 @@ class Consumer:
     if len(items) == 1:
       Consumer._deliver(*items[0])
       return
-    if any(isinstance(raw, queues.Unreadable) for _, _, raw in items):
+    if queues.Unreadable in set(map(type, map(_raw_of, items))):
       # Each fails alone: the others are delivered.
       for item in items:
         try:

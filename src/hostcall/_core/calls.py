@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -119,59 +119,72 @@ def run(target: HostTarget, flat_args: Sequence[np.ndarray],
   raise failure
 
 
-def run_each(target: HostTarget, flats: Sequence[Sequence[np.ndarray]],
+def run_each(target: HostTarget, flats: Iterable[Sequence[np.ndarray]],
              context: CallContext) -> None:
   """Runs ``target`` for each of several queued calls of one call site,
   in order, in one call context: each fails alone, postponed to the
   barrier (as ``run(..., asynchronous=True)`` would). The target's
-  ``caller`` calls the host function (of a debug callback: directly)."""
+  ``caller`` calls the host function (of a debug callback: directly),
+  its results dropped; a failure goes through ``deliver``'s policy."""
   call = target.caller(context)
   with calling(context, True):
+    # One frame for the run, not one a call: a small call costs little
+    # more than the host function itself.
     for flat_args in flats:
-      deliver(target, flat_args, context, call)
+      try:
+        call(*flat_args)
+      except BaseException as exc:  # noqa: BLE001 - a tap must never kill the run
+        _failed(target, exc, context)
 
 
 def is_host_function_entry(frame) -> bool:
   """Whether ``frame`` is where hostcall calls a host function (the frames
   above it are the function's, and whatever interrupts it)."""
-  return frame.f_code is deliver.__code__
+  return frame.f_code in _ENTRY_CODES
 
 
 def deliver(target: HostTarget, flat_args: Sequence[np.ndarray],
-            context: CallContext, call: Callable | None = None) -> tuple:
+            context: CallContext) -> tuple:
   """``target.deliver`` under ``target``'s failure policy, in the call
   context ``run`` set. A target that delivers for others (the taps of a
   loop's chunk) calls this for each, so that each fails as it would alone:
   a postponing one is logged for the barrier and the others go on; one that
   fails its computation raises ``Stopped``, which passes through to ``run``.
-  ``call``: the target's ``caller`` (``run_each``), used instead, its
-  results dropped.
   """
   try:
-    if call is not None:
-      call(*flat_args)
-      return ()
     out = target.deliver(flat_args, context)
     return tuple(out) if target.on_error == "fail" else ()
-  except (Stopped, Contained):
-    raise
   except BaseException as exc:  # noqa: BLE001 - a tap must never kill the run
-    if delivering_asynchronously():
-      # The computation has gone on without waiting: nothing left to stop,
-      # Ctrl-C and sys.exit() included; the barrier reports it.
-      errors.postpone(exc, f"tap function {target!r}")
-      return ()
-    if (target.on_error == "fail"
-        or isinstance(exc, (KeyboardInterrupt, SystemExit))):
-      # Ctrl-C or a signal handler's sys.exit() stops a computation that
-      # waits for the host function, whatever the target's policy.
-      if (_containment is not None and target.containable
-          and _containment.take(context, exc)):
-        errors.log_failure(target.label, exc, target.jax_name)
-        raise Contained() from None
-      raise Stopped(_stop_computation(target, exc)) from None
+    return _failed(target, exc, context)
+
+
+def _failed(target: HostTarget, exc: BaseException, context: CallContext
+            ) -> tuple:
+  """The failure policy of a host function that raised ``exc``: postponed
+  to the barrier (returns ``()``), or raised as ``Stopped``/``Contained``
+  for the computation that waits for it."""
+  if isinstance(exc, (Stopped, Contained)):
+    raise exc
+  if delivering_asynchronously():
+    # The computation has gone on without waiting: nothing left to stop,
+    # Ctrl-C and sys.exit() included; the barrier reports it.
     errors.postpone(exc, f"tap function {target!r}")
     return ()
+  if (target.on_error == "fail"
+      or isinstance(exc, (KeyboardInterrupt, SystemExit))):
+    # Ctrl-C or a signal handler's sys.exit() stops a computation that
+    # waits for the host function, whatever the target's policy.
+    if (_containment is not None and target.containable
+        and _containment.take(context, exc)):
+      errors.log_failure(target.label, exc, target.jax_name)
+      raise Contained() from None
+    raise Stopped(_stop_computation(target, exc)) from None
+  errors.postpone(exc, f"tap function {target!r}")
+  return ()
+
+
+#: Where hostcall calls host functions (see ``is_host_function_entry``).
+_ENTRY_CODES = frozenset({deliver.__code__, run_each.__code__})
 
 
 def _zeros(result_avals) -> tuple:

@@ -125,14 +125,37 @@ def jit_rows(b) -> list[dict]:
   with tempfile.TemporaryDirectory() as root:
     run = hostcall.metrics.Run("jit", root=root)
 
+    # The steps numbered on the host, in call order, as the floor numbers
+    # its rows: the step does not use the loop's Python int.
     def logged(x, i):
-      run.log(i, **{n: x[k] for k, n in enumerate(names)})
+      del i
+      run.log(**{n: x[k] for k, n in enumerate(names)})
       return jnp.tanh(x)
 
     us, ratio = _paired(_loop_time(hostcall.jit(logged), CALLS), base,
                         repeats)
     rows.append(_row(f"12. {METRICS} metrics a call, Run.log under "
-                     "hostcall.jit", us, ratio, 1.6, "JSON Lines"))
+                     "hostcall.jit", us, ratio, 1.6,
+                     "JSON Lines, steps numbered on the host"))
+
+    # The step given by the loop: JAX moves the Python int to the device
+    # each call, which costs the plain step as much (the next row).
+    def logged_at(x, i):
+      run.log(i, **{n: x[k] for k, n in enumerate(names)})
+      return jnp.tanh(x)
+
+    def uses_the_step(x, i):
+      return jnp.tanh(x) + 0 * i
+
+    at_us, at_ratio = _paired(_loop_time(hostcall.jit(logged_at), CALLS),
+                              base, repeats)
+    rows.append(_row("12. ... the same, Run.log(i, ...) with the loop's "
+                     "step", at_us, at_ratio, None, "reference"))
+    int_us, int_ratio = _paired(_loop_time(jax.jit(uses_the_step), CALLS),
+                                base, repeats)
+    rows.append(_row("12. ... a plain step that uses the loop's step",
+                     int_us, int_ratio, None,
+                     "reference: JAX's cost of a Python int argument"))
 
     # The floor: the step returns the same values stacked, and the loop
     # hands them to the same kind of writer itself.
