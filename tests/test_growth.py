@@ -144,6 +144,47 @@ def test_the_delivery_thread_keeps_no_tapped_values(native):
   assert out.split() == ["True", "7.0"]
 
 
+@pytest.mark.parametrize("jit", ["jax.jit", "hostcall.jit"])
+def test_a_call_site_released_while_its_program_runs_delivers_every_tap(jit):
+  # The call returns at once (asynchronous dispatch); the function, its
+  # executable and the site's owner go while the program still runs: its
+  # taps, queued after that, are still delivered, and the site released.
+  from hostcall._async import queue
+  got, ref = [], None
+
+  def start(x):
+    nonlocal ref
+    big = np.ones(1 << 20)
+    ref = weakref.ref(big)
+
+    def step(c, i):
+      c = jnp.tanh(c @ c)
+      hostcall.debug_callback(lambda k, v: got.append(int(k) + big[0] - 1),
+                              i, c[0, 0])
+      return c, None
+
+    wrap = {"jax.jit": jax.jit, "hostcall.jit": hostcall.jit}[jit]
+    return wrap(lambda x: jax.lax.scan(step, x, jnp.arange(3000))[0])(x)
+
+  sites_before = len(queue.sites)
+  # A long program first, whose result the tapped one takes: that one
+  # starts after its owner has gone.
+  slow = jax.jit(lambda x: jax.lax.scan(
+      lambda c, _: (jnp.tanh(c @ c), None), x, None, length=40_000)[0])
+  out = start(slow(jnp.full((64, 64), 0.01)))
+  jax.clear_caches()
+  gc.collect()  # the executable's owner is gone, maybe before the taps
+  hostcall.barrier()
+  gc.collect()
+  hostcall.barrier()
+  assert got == list(range(3000))
+  assert np.isfinite(np.asarray(out)).all()
+  del out
+  gc.collect()
+  hostcall.barrier()
+  assert ref() is None and len(queue.sites) <= sites_before
+
+
 @pytest.mark.parametrize("flavour", [
     "id_tap sync", "id_tap async", "pure_callback", "io_callback",
     "debug_callback"])

@@ -163,6 +163,9 @@ def test_keep_with_executable_lives_and_dies_with_the_executable():
   assert float(f(1.0)) == 2.0
   gc.collect()
   assert len(kept) == 1 and kept[0]() is not None  # owned by the executable
+  # Owned without being a host callback: on CPU a program with host
+  # callbacks runs synchronously, and its call would wait for its end.
+  assert not f.lower(1.0).compile()._executable.unsafe_call.has_host_callbacks
   del f
   jax.clear_caches()
   gc.collect()

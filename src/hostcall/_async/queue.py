@@ -135,9 +135,11 @@ class _Sites:
   device's partition id (the last operand), or a function of the operands
   returning ``(arrays, context)`` (a partitioned call).
 
-  A site lives as long as its ``SiteRef`` and then until every tap queued
-  before that was delivered: its executable is gone (no new taps can come),
-  but taps it queued may still wait for the consumer.
+  A site lives as long as its ``SiteRef``, then until a barrier has waited
+  for the computations dispatched before that (one may still be running,
+  its Python executable gone), then until every tap queued by then is
+  delivered: no new taps can come, but taps queued may still wait for the
+  consumer.
   """
 
   def __init__(self):
@@ -176,23 +178,31 @@ class _Sites:
           "longer registered (the executable that queued it was released "
           "before the tap was counted); the tap was dropped.") from None
 
-  def prune(self, pushed, delivered: int) -> None:
-    """Forgets retired sites whose queued taps are all delivered.
+  def take_retired(self) -> list[int]:
+    """The sites retired so far, taken by a barrier before it waits for
+    the computations dispatched so far (see ``settled``)."""
+    seen = []
+    while self._retired:
+      seen.append(self._retired.popleft())
+    return seen
 
-    ``pushed()`` counts the taps queued so far: read after taking the
-    retirements, it counts every tap of those sites (a retired site queues
-    no more). ``delivered``: taps delivered so far (read earlier is only
-    more cautious).
+  def settled(self, seen: list[int], pushed: int) -> None:
+    """``seen`` (``take_retired``'s) once every computation dispatched
+    before they were taken has run: ``pushed``, the taps queued by then,
+    counts all of theirs. Each is forgotten once as many are delivered."""
+    if seen:
+      with self._lock:
+        self._draining.extend((site, pushed) for site in seen)
+
+  def prune(self, delivered: int) -> None:
+    """Forgets settled sites whose queued taps are all delivered.
+
+    ``delivered``: taps delivered so far (read earlier is only more
+    cautious).
     """
-    if not self._retired and not self._draining:
+    if not self._draining:
       return
     with self._lock:
-      if self._retired:
-        seen = []
-        while self._retired:
-          seen.append(self._retired.popleft())
-        mark = pushed()
-        self._draining.extend((site, mark) for site in seen)
       keep = []
       for site, mark in self._draining:
         if delivered >= mark:
@@ -477,9 +487,9 @@ class Consumer:
     calls.run(target, arrays, context, asynchronous=True)
 
   def prune(self) -> None:
-    """Forgets the call sites whose executables are gone and whose queued
-    taps are all delivered (see ``_Sites``)."""
-    sites.prune(self.pushed, self._delivered)
+    """Forgets the call sites whose executables are gone, settled by a
+    barrier, and whose queued taps are all delivered (see ``_Sites``)."""
+    sites.prune(self._delivered)
 
   def stats(self) -> dict:
     stats = self.start().stats()
@@ -516,8 +526,12 @@ def wait() -> None:
   forked child, nothing: those computations and taps are the parent's."""
   if consumer.forked:
     return
+  # Released before the computations dispatched so far end: those may
+  # still queue their taps (see _Sites).
+  retired = sites.take_retired()
   deferred.settle_queued()
   _jax_private.wait_for_effects()
+  sites.settled(retired, consumer.pushed())
   for _ in range(_MAX_BARRIER_ROUNDS):
     pushed, submitted = consumer.pushed(), deferred.submitted()
     deferred.drain(count=submitted)
