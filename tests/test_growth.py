@@ -372,3 +372,30 @@ def test_100000_hostcall_jit_calls_leave_memory_flat(tmp_path, monkeypatch):
       print(len(seen) == 120000, grown_mib < 64)
       """, "1", timeout=3600)
   assert out == "True True"
+
+
+def test_a_barrier_interrupted_before_settling_leaves_released_sites_to_the_next(
+    monkeypatch):
+  from hostcall import _jax_private
+  from hostcall._async import queue
+  got = []
+  f = jax.jit(lambda x: hcb.id_tap(lambda a, t: got.append(int(a)), x,
+                                   delivery="async"))
+  f(5)
+  hostcall.barrier()
+  registered = len(queue.sites)
+  del f
+  jax.clear_caches()
+  gc.collect()  # its site retired, not yet settled by a barrier
+  real = _jax_private.wait_for_effects
+
+  def interrupted():
+    monkeypatch.setattr(_jax_private, "wait_for_effects", real)
+    raise KeyboardInterrupt
+
+  monkeypatch.setattr(_jax_private, "wait_for_effects", interrupted)
+  with pytest.raises(KeyboardInterrupt):
+    hostcall.barrier()
+  assert len(queue.sites) == registered  # kept for the next barrier
+  hostcall.barrier()
+  assert got == [5] and len(queue.sites) == registered - 1

@@ -186,6 +186,10 @@ class _Sites:
       seen.append(self._retired.popleft())
     return seen
 
+  def give_back(self, seen: list[int]) -> None:
+    """Returns ``take_retired``'s sites, not settled, for the next."""
+    self._retired.extendleft(reversed(seen))
+
   def settled(self, seen: list[int], pushed: int) -> None:
     """``seen`` (``take_retired``'s) once every computation dispatched
     before they were taken has run: ``pushed``, the taps queued by then,
@@ -529,8 +533,12 @@ def wait() -> None:
   # Released before the computations dispatched so far end: those may
   # still queue their taps (see _Sites).
   retired = sites.take_retired()
-  deferred.settle_queued()
-  _jax_private.wait_for_effects()
+  try:
+    deferred.settle_queued()
+    _jax_private.wait_for_effects()
+  except BaseException:  # (Ctrl-C): the next barrier settles them
+    sites.give_back(retired)
+    raise
   sites.settled(retired, consumer.pushed())
   for _ in range(_MAX_BARRIER_ROUNDS):
     pushed, submitted = consumer.pushed(), deferred.submitted()
