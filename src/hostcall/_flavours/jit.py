@@ -52,17 +52,8 @@ class _DeferredOutputs:
 
 @functools.cache
 def _one_cpu_with_the_native_queue() -> bool:
-  global _native_queue_here
-  _native_queue_here = (jax.default_backend() == "cpu"
-                        and jax.device_count() == 1
-                        and native.load() is not None)
-  return _native_queue_here
-
-
-#: ``_one_cpu_with_the_native_queue()`` once asked (False until then): read
-#: by ``Jitted.__call__``'s quick test, which the first call's slow one
-#: precedes.
-_native_queue_here = False
+  return (jax.default_backend() == "cpu" and jax.device_count() == 1
+          and native.load() is not None)
 
 
 def _queues_on_this_device() -> bool:
@@ -77,8 +68,6 @@ def _queues_on_this_device() -> bool:
 #: ``"auto"`` (queued where ``_queues_on_this_device`` says so) or
 #: ``"outputs"`` (always deferred to outputs; for tests and comparison).
 mode = "auto"
-
-_dispatching_at_top_level = _jax_private.dispatching_at_top_level
 
 
 class Jitted:
@@ -110,21 +99,13 @@ class Jitted:
     functools.update_wrapper(self, fun)
 
   def __call__(self, *args, **kwargs):
-    # The everyday call, a Python loop over a step on one CPU device, with
-    # as few checks as it takes (a dispatch is a few microseconds): the
-    # same test as _call_otherwise's first two, in one expression.
-    if mode == "auto" and _native_queue_here and _dispatching_at_top_level():
-      deferred.queued_since_barrier = True  # the barrier waits for it
-      return self._queueing(*args, **kwargs)
-    return self._call_otherwise(args, kwargs)
-
-  def _call_otherwise(self, args, kwargs):
-    if not _dispatching_at_top_level():
+    if not _jax_private.dispatching_at_top_level():
       # Under a transformation (vmap, grad, an enclosing jit), the host
       # calls are staged into the enclosing program, as jax.jit's are;
       # under jax.disable_jit() they run as the function runs.
       return self._plain(*args, **kwargs)
     if _queues_on_this_device():
+      # The barrier then waits for this program to have run.
       deferred.queued_since_barrier = True
       return self._queueing(*args, **kwargs)
     outs, extra = self._deferring(*args, **kwargs)
