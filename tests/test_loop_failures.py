@@ -130,7 +130,12 @@ def test_a_loop_opened_where_a_failure_is_contained_stops_at_its_first_check(
     for handle in (inner, outer):
       controls.end(handle)
       controls.close(handle)
+      controls.release(("site", handle))  # (bars' release hook)
   assert not controls.failing
-  # The failure was never raised by a finish: closing reported it.
+  # The failure was never raised by a finish: once both invocations are
+  # released, the barrier hook (this instance's, called as the process's
+  # is) reports it, and the barrier raises it.
+  hostcall.barrier()  # (this instance's hook is not the process's)
+  controls.after_barrier()
   with pytest.raises(hcb.CallbackException, match="boom"):
     hostcall.barrier()

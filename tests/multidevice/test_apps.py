@@ -2,6 +2,7 @@
 
 import io
 import re
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -114,6 +115,43 @@ def test_devices_of_one_loop_stop_after_the_same_check():
   steps = np.asarray(steps)
   assert len(set(steps.tolist())) == 1 and 1000 <= steps[0] < 100_000
   np.testing.assert_array_equal(carry, [6.0 * steps[0]] * 4)
+
+
+def test_a_device_opening_after_its_peers_closed_stops_with_them(
+    monkeypatch):
+  # Without a body that communicates, one device may open an invocation
+  # after every other one closed it (a busy machine): it still stops after
+  # their check. Here the last device opens only once the others closed,
+  # and only the others' predicate ever asks to stop.
+  from hostcall._apps.control import host as control_host
+  controls, late = control_host.controls, jax.devices()[3]
+  closed, waited, early, closes = threading.Event(), [], set(), []
+  real_open, real_close = controls.open, controls.close
+
+  def open_(handle, stop, device=None):
+    if device == late:
+      waited.append(closed.wait(60))
+    else:
+      early.add(handle)
+    real_open(handle, stop, device)
+
+  def close(handle):
+    real_close(handle)
+    if handle in early:
+      closes.append(handle)
+      if len(closes) == 3:
+        closed.set()
+
+  monkeypatch.setattr(controls, "open", open_)
+  monkeypatch.setattr(bars_module.bars, "end_hooks", [close])
+  out = jax.pmap(_steered_loop(
+      stop_when=lambda status: status.device != late and status.steps >= 500))(
+          jnp.arange(4.0)[:, None])
+  hostcall.barrier()
+  steps = np.asarray(out.steps).reshape(-1).tolist()
+  assert waited == [True]
+  assert len(set(steps)) == 1 and 500 <= steps[0] < 100_000, steps
+  assert not controls._groups
 
 
 def test_pmap_and_global_view_loops_stop_too():

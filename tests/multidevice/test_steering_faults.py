@@ -9,6 +9,7 @@ check, and the loop's call raises it.
 """
 
 import io
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -18,6 +19,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import hostcall
 from hostcall import control, progress
+from hostcall._apps import bars as bars_module
 
 FAILING_STEP, STEPS = 300, 3_000
 
@@ -137,6 +139,37 @@ def test_a_failure_in_a_global_view_fails_the_call(loop):
   x = jax.device_put(jnp.arange(8.0), NamedSharding(mesh, P("d")))
   host = Host(failing_device=0)  # the one device that calls the host
   _fails_with_boom(jax.jit(_steered(loop, host, "debug_callback", False)), x)
+  assert host.steps_of(0) == list(range(FAILING_STEP + 1))
+
+
+@pytest.mark.parametrize("loop", _LOOPS)
+def test_a_global_view_finish_after_the_loop_closed_raises_the_failure(
+    loop, monkeypatch):
+  # A global view's loop is opened and closed by one device, and finished
+  # on every device: here the other devices finish only once the close was
+  # delivered (the invocation released), as a busy machine may order them.
+  from hostcall._apps import bar_events
+  from hostcall._apps.control import host as control_host
+  released, waited = threading.Event(), []
+  real_release, real_deliver = (control_host.controls.release,
+                                bar_events._Finish.deliver)
+
+  def release(group_key):
+    real_release(group_key)
+    released.set()
+
+  def deliver(self, flat_args, context):
+    if context.device.id != 0:
+      waited.append(released.wait(60))
+    return real_deliver(self, flat_args, context)
+
+  monkeypatch.setattr(bars_module.bars, "release_hooks", [release])
+  monkeypatch.setattr(bar_events._Finish, "deliver", deliver)
+  mesh = Mesh(np.array(jax.devices()), ("d",))
+  x = jax.device_put(jnp.arange(8.0), NamedSharding(mesh, P("d")))
+  host = Host(failing_device=0)
+  _fails_with_boom(jax.jit(_steered(loop, host, "debug_callback", False)), x)
+  assert waited == [True] * 3
   assert host.steps_of(0) == list(range(FAILING_STEP + 1))
 
 

@@ -112,6 +112,24 @@ class _Bar:
     self.tqdm = None
 
 
+class _Invocation:
+  """One invocation of a loop on this process's devices, until each that
+  runs it has ended: its devices share a pace and a stop decision."""
+
+  __slots__ = ("open", "ended", "expected", "opened")
+
+  def __init__(self):
+    self.open: set[int] = set()   # handles of devices running it now
+    self.ended: set = set()       # devices whose run of it has ended
+    # This process's devices that run it (shard_map, pmap), also those
+    # that have not opened it yet.
+    self.expected: set = set()
+    self.opened = time.monotonic()
+
+  def over(self) -> bool:
+    return not self.open and self.ended >= self.expected
+
+
 class Bars:
   """Every progress bar of this process; thread-safe (devices call from their
   own threads)."""
@@ -142,8 +160,14 @@ class Bars:
     # An invocation's handle -> (site, index): the k-th invocation of a site
     # on every device is one invocation, whose devices share a bar.
     self._groups: dict[int, tuple[int, int]] = {}
-    #: Called with a handle when its invocation ends (or is ended).
+    # (site, index) -> the invocation, until every device of it has ended.
+    self._running: collections.OrderedDict = collections.OrderedDict()
+    #: Called with a handle when its invocation ends (or is ended) on its
+    #: device.
     self.end_hooks: list = []
+    #: Called with ``(site, index)`` once every device of the invocation
+    #: has ended (or the barrier decided that the rest never will open it).
+    self.release_hooks: list = []
 
   def site(self, spec: BarSpec) -> int:
     """The site number of a loop; equal specs share one (and a compilation)."""
@@ -185,6 +209,15 @@ class Bars:
                             time.monotonic())
       self._latest[(site, device)] = handle
       self._groups[handle] = (site, index)
+      invocation = self._running.get((site, index))
+      if invocation is None:
+        invocation = self._running[(site, index)] = _Invocation()
+        self._release_forgotten()
+      invocation.open.add(handle)
+      process = getattr(device, "process_index", 0)
+      invocation.expected.update(
+          d for d in getattr(context, "peers", ())
+          if getattr(d, "process_index", 0) == process)
       self._paces[handle] = (time.monotonic(), 0, 0)
       return handle
 
@@ -276,14 +309,38 @@ class Bars:
           continue
         self._end(handle, stopped=stopped, force=opened_before is not None)
       if opened_before is not None:
-        # A bar still waiting for a device that never opened it (its
-        # computation failed first) once every other device has ended.
+        # An invocation, and a bar, still waiting for a device that never
+        # opened it (its computation failed first) once every other device
+        # has ended.
+        for group, invocation in list(self._running.items()):
+          if not invocation.open and invocation.opened < opened_before:
+            self._release(group)
         waiting = {id(bar) for bar, *_ in self._open.values()}
         for bar in self._bars.values():
           if (bar.is_open and bar.opened < opened_before
               and id(bar) not in waiting):
             bar.show(final=True)
             bar.finish(stopped=True)
+
+  def _release(self, group: tuple[int, int]) -> None:
+    """Every device of the invocation ``group`` has ended (or never will):
+    its paces and what hooks keep for it are forgotten."""
+    del self._running[group]
+    self._group_paces.pop(group, None)
+    for hook in self.release_hooks:
+      hook(group)
+
+  def _release_forgotten(self) -> None:
+    # Waiting invocations (a device that never opened one: its computation
+    # failed) are released at the next barrier; without barriers, the
+    # oldest beyond a bound, as bars are.
+    if len(self._running) <= self.KEPT_BARS:
+      return
+    for group, invocation in list(self._running.items()):
+      if len(self._running) <= self.KEPT_BARS:
+        break
+      if not invocation.open:
+        self._release(group)
 
   def group_of(self, handle: int) -> tuple[int, int] | None:
     """``(site, index)`` of the invocation ``handle`` belongs to."""
@@ -299,10 +356,14 @@ class Bars:
     self._paces.pop(handle, None)
     group = self._groups.pop(handle, None)
     if group is not None:
-      if group not in self._groups.values():  # its last device
-        self._group_paces.pop(group, None)
       for hook in self.end_hooks:
         hook(handle)
+      invocation = self._running.get(group)
+      if invocation is not None:
+        invocation.open.discard(handle)
+        invocation.ended.add(device)
+        if force or invocation.over():
+          self._release(group)
     if bar is None or not bar.is_open:
       return
     bar.closed.add(device)

@@ -5,6 +5,7 @@ Python where the library is missing; ``states.py``), chosen at first use."""
 
 from __future__ import annotations
 
+import collections
 import itertools
 import threading
 import time
@@ -17,6 +18,7 @@ from hostcall._apps.control.interrupts import (Reaper,
 from hostcall._apps.control.spec import FAILED, STOP_WHEN, LoopStatus, Stop
 from hostcall._async import queue
 from hostcall._core import calls, errors
+from hostcall._core.barriers import add_barrier_hook, barrier_started
 
 
 class _Failure:
@@ -28,6 +30,20 @@ class _Failure:
   def __init__(self, exc: BaseException, device):
     self.exc, self.raised = exc, False
     self.devices = {device}  # where host calls are skipped until it stops
+
+
+class _Group:
+  """One invocation of a steered loop on this process's devices: from its
+  first device's open until every device of it has ended (``bars``'
+  release), so that a device that opens after its peers closed joins their
+  stop decision and their contained failure."""
+
+  __slots__ = ("id", "handles", "failure")
+
+  def __init__(self, group_id: int):
+    self.id = group_id
+    self.handles: set[int] = set()  # every handle that opened it
+    self.failure: _Failure | None = None
 
 
 class _Controls(calls.Containment):
@@ -42,18 +58,24 @@ class _Controls(calls.Containment):
       first use (``states.choose``: native where the library loads).
   """
 
+  #: Failures of released invocations kept for finishes still to come (a
+  #: global view's devices finish after its one device closed the loop),
+  #: the oldest reported beyond this many.
+  KEPT_FAILURES = 1024
+
   def __init__(self, stop_states: _states.StopStates | None = None):
     self._lock = threading.Lock()
     self._stop_states = stop_states
-    # (site, index) -> [group id, handles open]: an invocation's devices
-    # share a group while any of them runs it (as the stop states do,
-    # which forget a group with its last handle).
-    self._groups: dict[tuple, list] = {}
+    # An invocation's (site, index) -> its group, until it is released.
+    self._groups: dict[tuple, _Group] = {}
     self._group_ids = itertools.count(1)
     self._open: dict[int, tuple] = {}       # handle -> (group, stop, opened)
-    self._key_of: dict[int, tuple] = {}     # handle -> its (site, index)
+    self._group_of: dict[int, _Group] = {}  # handle -> its group, until released
     self._device_of: dict[int, Any] = {}    # open handle -> its device
-    self._failures: dict[int, _Failure] = {}  # group -> contained failure
+    # Released groups' failures not yet raised, by handle: a finish still
+    # to come raises it; the next barrier reports what none raised.
+    self._released_failures: collections.OrderedDict = (
+        collections.OrderedDict())
     self._reaper = Reaper(self.end)
 
   @property
@@ -75,22 +97,6 @@ class _Controls(calls.Containment):
 
   def open(self, handle: int, stop: Stop, device=None) -> None:
     group_key = _bars.bars.group_of(handle)
-    with self._lock:
-      member = self._groups.get(group_key)
-      if member is None:
-        member = self._groups[group_key] = [next(self._group_ids), 0]
-      member[1] += 1
-      self._key_of[handle] = group_key
-      group = member[0]
-      self._device_of[handle] = device
-      # A loop opened where a host function already failed (nested in the
-      # failing loop's chunk) stops at its first check too.
-      inherited = next((f for h, d in self._device_of.items()
-                        if d == device and h != handle
-                        for f in [self._failure_of(h)] if f is not None),
-                       None)
-      if inherited is not None:
-        self._failures.setdefault(group, inherited)
     if stop.interruptible:
       frame = frame_waiting_for_the_loop()
       if frame is not None:
@@ -100,13 +106,31 @@ class _Controls(calls.Containment):
       # Its checks wait for the predicate to see each tick: the consumer
       # delivers ticks as they come (no gathering) while it is open.
       queue.consumer.start().hurry(1)
-    self.states.open(handle, group, stop)
-    # Started after the stop state's clock: a predicate never sees more
-    # time elapsed than the check that compares it with the time limit.
+    states = self.states
     with self._lock:
-      self._open[handle] = (group, stop, time.monotonic())
-    if inherited is not None:  # once its stop state exists
-      self.request(group, FAILED)
+      group = self._groups.get(group_key)
+      if group is None:
+        group = self._groups[group_key] = _Group(next(self._group_ids))
+        states.open(handle, group.id, stop)
+        states.hold(group.id)  # until every device of it has ended
+      else:
+        states.open(handle, group.id, stop)
+      group.handles.add(handle)
+      self._group_of[handle] = group
+      self._device_of[handle] = device
+      # A loop opened where a host function already failed (nested in the
+      # failing loop's chunk) stops at its first check too.
+      inherited = next((f for h, d in self._device_of.items()
+                        if d == device and h != handle
+                        for f in [self._failure_of(h)] if f is not None),
+                       None)
+      if inherited is not None and group.failure is None:
+        group.failure = inherited
+      # Started after the stop state's clock: a predicate never sees more
+      # time elapsed than the check that compares it with the time limit.
+      self._open[handle] = (group.id, stop, time.monotonic())
+    if inherited is not None:
+      self.request(group.id, FAILED)
 
   def end(self, handle: int) -> None:
     """``handle``'s loop no longer runs (its computation went past it, or
@@ -115,35 +139,69 @@ class _Controls(calls.Containment):
     self.states.end(handle)
 
   def close(self, handle: int) -> None:
+    """``handle``'s device has left the loop; its group stays until the
+    invocation is released (``release``)."""
     self.end(handle)
     with self._lock:
-      if handle in self._key_of:
-        group_key = self._key_of.pop(handle)
-        member = self._groups[group_key]
-        member[1] -= 1
-        if not member[1]:
-          del self._groups[group_key]
       found = self._open.pop(handle, None)
       self._device_of.pop(handle, None)
       if found is None:
         return
-      group, stop, _ = found
-      if not any(g == group for g, _, _ in self._open.values()):
-        failure = self._failures.pop(group, None)
-        if failure is not None and not failure.raised:
-          # Its computation failed elsewhere before the loop could raise
-          # it: the barrier reports it, it is never lost.
-          errors.postpone(failure.exc, "a host function in a steered loop")
+      self.states.close(handle)
       self._update_failing()
-    self.states.close(handle)
-    if stop.stop_when is not None:
+    if found[1].stop_when is not None:
       queue.consumer.start().hurry(-1)
+
+  def release(self, group_key: tuple) -> None:
+    """Every device of the invocation ``group_key`` has ended (``bars``'
+    release hook): its group and stop state are forgotten. A failure it
+    contained stays for the finishes still to come (a global view's
+    devices finish after its one device closed the loop) until the next
+    barrier, which reports it if none raised it."""
+    with self._lock:
+      group = self._groups.pop(group_key, None)
+      if group is None:
+        return
+      for handle in group.handles:
+        self._group_of.pop(handle, None)
+      self.states.release(group.id)
+      failure = group.failure
+      if failure is not None:  # raised on one device, maybe not on all
+        released = time.monotonic()
+        for handle in group.handles:
+          self._released_failures[handle] = (failure, released)
+        while len(self._released_failures) > self.KEPT_FAILURES:
+          _, (oldest, _) = self._released_failures.popitem(last=False)
+          self._report(oldest)
+
+  def after_barrier(self) -> None:
+    """Every computation started before the barrier has ended: a failure
+    released before it that no loop's finish raised (its computation failed
+    elsewhere first) is reported by the barrier; it is never lost."""
+    started = barrier_started()
+    with self._lock:
+      reported = [(handle, failure) for handle, (failure, released)
+                  in self._released_failures.items()
+                  if started is None or released < started]
+      for handle, _ in reported:
+        del self._released_failures[handle]
+    for _, failure in reported:
+      self._report(failure)
+
+  @staticmethod
+  def _report(failure: _Failure) -> None:
+    if not failure.raised:
+      failure.raised = True
+      errors.postpone(failure.exc, "a host function in a steered loop")
 
   # -- failures: contained, then raised once every device stopped ---------
 
   def _failure_of(self, handle: int) -> _Failure | None:
-    found = self._open.get(handle)
-    return None if found is None else self._failures.get(found[0])
+    group = self._group_of.get(handle)
+    if group is not None:
+      return group.failure
+    released = self._released_failures.get(handle)
+    return None if released is None else released[0]
 
   def _update_failing(self) -> None:
     self.failing = frozenset(
@@ -153,16 +211,18 @@ class _Controls(calls.Containment):
   def take(self, context, exc: BaseException) -> bool:
     device = None if context is None else context.device
     with self._lock:
-      groups = {self._open[h][0] for h, d in self._device_of.items()
-                if d == device and h in self._open}
+      groups = {self._group_of[h] for h, d in self._device_of.items()
+                if d == device and h in self._open and h in self._group_of}
       if not groups:
         return False
       failure = _Failure(exc, device)
       for group in groups:
-        self._failures.setdefault(group, failure).devices.add(device)
+        if group.failure is None:
+          group.failure = failure
+        group.failure.devices.add(device)
       self._update_failing()
     for group in groups:
-      self.request(group, FAILED)
+      self.request(group.id, FAILED)
     return True
 
   def finish(self, handle: int, reason: int) -> None:
@@ -229,4 +289,6 @@ class _Controls(calls.Containment):
 
 controls = _Controls()
 _bars.bars.end_hooks.append(controls.close)
+_bars.bars.release_hooks.append(controls.release)
+add_barrier_hook(controls.after_barrier)
 calls.set_containment(controls)

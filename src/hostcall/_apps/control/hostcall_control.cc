@@ -58,6 +58,9 @@ struct Group {
   int64_t stop_at = -1;   // the check from which every device stops
   int64_t last_check = 0;  // the highest check any device made
   int handles = 0;
+  // Held by the host while a device of the invocation may still open it:
+  // one that opens after its peers closed stops at their check too.
+  bool held = false;
 };
 
 struct State {
@@ -289,7 +292,28 @@ void hostcall_control_close(int64_t handle) {
   StopRunning(handle);
   if (group == s.groups.end()) return;
   if (group->second.predicate) predicate_open.fetch_sub(1);
-  if (--group->second.handles == 0) s.groups.erase(group);
+  if (--group->second.handles == 0 && !group->second.held)
+    s.groups.erase(group);
+}
+
+// Keeps `group` (opened by a handle) after its last handle closes, until
+// hostcall_control_release: the invocation may have devices still to open.
+void hostcall_control_hold(int64_t group) {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  auto found = s.groups.find(group);
+  if (found != s.groups.end()) found->second.held = true;
+}
+
+// Every device of `group`'s invocation has closed: it is forgotten with
+// its last handle (now, if none is open).
+void hostcall_control_release(int64_t group) {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  auto found = s.groups.find(group);
+  if (found == s.groups.end()) return;
+  found->second.held = false;
+  if (found->second.handles == 0) s.groups.erase(found);
 }
 
 // How many open handles have checks that wait for a host predicate.

@@ -21,6 +21,8 @@ LIBRARY = libraries.Library(
         "hostcall_control_evaluated": ([_i64], None),
         "hostcall_control_request": ([_i64, _i64], None),
         "hostcall_control_close": ([_i64], None),
+        "hostcall_control_hold": ([_i64], None),
+        "hostcall_control_release": ([_i64], None),
         "hostcall_control_poll": ([_i64, _i64], _i64),
         "hostcall_control_end": ([_i64], None),
         "hostcall_control_sigint_installed": ([], _i64),

@@ -62,6 +62,17 @@ class StopStates(abc.ABC):
     """Forgets ``handle`` (and its group with its last handle)."""
 
   @abc.abstractmethod
+  def hold(self, group: int) -> None:
+    """Keeps ``group`` (opened by a handle) after its last handle closes,
+    until ``release``: a device of the invocation that opens after its
+    peers closed joins it, and stops after the same check."""
+
+  @abc.abstractmethod
+  def release(self, group: int) -> None:
+    """Every device of ``group``'s invocation has closed (or never will):
+    it is forgotten with its last handle."""
+
+  @abc.abstractmethod
   def request(self, group: int, reason: int) -> None:
     """Asks ``group`` to stop for ``reason`` (a predicate said so, or a
     contained failure: which outranks a reason asked before it)."""
@@ -114,6 +125,12 @@ class NativeStopStates(StopStates):
   def close(self, handle):
     self._lib.held.hostcall_control_close(handle)
 
+  def hold(self, group):
+    self._lib.held.hostcall_control_hold(group)
+
+  def release(self, group):
+    self._lib.held.hostcall_control_release(group)
+
   def request(self, group, reason):
     self._lib.held.hostcall_control_request(group, reason)
 
@@ -148,6 +165,7 @@ class _Group:
     self.stop_at = -1
     self.last_check = 0
     self.handles = 0
+    self.held = False
 
 
 class PythonStopStates(StopStates):
@@ -201,6 +219,20 @@ class PythonStopStates(StopStates):
       if group is not None:
         state = self._groups[group]
         state.handles -= 1
+        if not state.handles and not state.held:
+          del self._groups[group]
+
+  def hold(self, group):
+    with self._lock:
+      state = self._groups.get(group)
+      if state is not None:
+        state.held = True
+
+  def release(self, group):
+    with self._lock:
+      state = self._groups.get(group)
+      if state is not None:
+        state.held = False
         if not state.handles:
           del self._groups[group]
 

@@ -1,0 +1,127 @@
+"""A steered loop's group: one invocation on this process's devices, from
+its first device's open until every device of it has ended (``bars``'
+release), with either stop states.
+
+The devices of one invocation need not overlap in time: without a body
+that communicates, one may finish and close before another opens (a busy
+machine), and in a global view the loop's one device closes it while the
+others have still to run its finish. Each must still see the same stop
+decision and the same contained failure.
+"""
+
+import jax
+import pytest
+
+import hostcall
+from hostcall import host_callback as hcb
+from hostcall._apps.control import (FAILED, STOP_WHEN, Stop, host,
+                                    native as library, states)
+from hostcall._core.context import make_context
+
+KEY = ("site", 0)  # the invocation's (site, index)
+FIRST, LATE = 3_000_001, 3_000_002  # handles no bar uses
+STOP = Stop.of(False, 3600.0, None)
+
+
+@pytest.fixture(params=["native", "python"])
+def controls(request, monkeypatch):
+  if request.param == "python":
+    stop_states = states.PythonStopStates()
+  elif library.load() is None:
+    pytest.skip("the native library cannot be built here")
+  else:
+    stop_states = states.NativeStopStates(library.load())
+  monkeypatch.setattr(host._bars.bars, "group_of", lambda handle: KEY)
+  made = host._Controls(stop_states)
+  yield made
+  for handle in (FIRST, LATE):
+    made.close(handle)
+  made.release(KEY)
+
+
+def _registries(controls):
+  return {name: len(getattr(controls, name)) for name in
+          ("_groups", "_open", "_group_of", "_device_of",
+           "_released_failures")}
+
+
+def test_a_device_opening_after_its_peers_closed_stops_at_their_check(
+    controls):
+  devices = jax.devices()
+  controls.open(FIRST, STOP, devices[0])
+  group = controls._groups[KEY].id
+  assert [controls.poll(FIRST, 1), controls.poll(FIRST, 2)] == [0, 0]
+  controls.request(group, STOP_WHEN)
+  assert controls.poll(FIRST, 3) == STOP_WHEN
+  controls.close(FIRST)
+  # Not released: the invocation may have devices still to open.
+  controls.open(LATE, STOP, devices[-1])
+  assert controls._groups[KEY].id == group
+  assert [controls.poll(LATE, 1), controls.poll(LATE, 2),
+          controls.poll(LATE, 3)] == [0, 0, STOP_WHEN]
+  controls.close(LATE)
+  controls.release(KEY)
+  assert _registries(controls) == dict.fromkeys(_registries(controls), 0)
+  # Released: the next invocation under the same key is a group of its own
+  # (its stop states too), not asked to stop.
+  controls.open(FIRST, STOP, devices[0])
+  assert controls._groups[KEY].id != group
+  assert [controls.poll(FIRST, k) for k in (1, 2, 3, 4)] == [0, 0, 0, 0]
+
+
+@pytest.mark.parametrize("finished_before", [0, 1])
+def test_a_finish_after_the_release_raises_the_contained_failure(
+    controls, finished_before):
+  # A global view: the loop's one device opens and closes it; every device
+  # runs its finish, some (or all) after the close was delivered.
+  device = jax.devices()[0]
+  controls.open(FIRST, STOP, device)
+  assert controls.take(make_context((), device), ValueError("boom"))
+  assert controls.poll(FIRST, 1) == FAILED
+  for _ in range(finished_before):
+    with pytest.raises(ValueError, match="boom"):
+      controls.finish(FIRST, FAILED)
+  controls.close(FIRST)
+  controls.release(KEY)
+  for _ in range(3):  # one finish per device, each raises it
+    with pytest.raises(ValueError, match="boom"):
+      controls.finish(FIRST, FAILED)
+  # Raised: the barrier has nothing more to report.
+  controls.after_barrier()
+  hostcall.barrier()
+  assert _registries(controls) == dict.fromkeys(_registries(controls), 0)
+
+
+def test_a_failure_no_finish_raised_is_reported_by_the_barrier(controls):
+  device = jax.devices()[0]
+  controls.open(FIRST, STOP, device)
+  assert controls.take(make_context((), device), ValueError("never raised"))
+  controls.close(FIRST)
+  controls.release(KEY)
+  hostcall.barrier()  # (this instance's hook is not the process's)
+  controls.after_barrier()
+  assert _registries(controls) == dict.fromkeys(_registries(controls), 0)
+  with pytest.raises(hcb.CallbackException, match="never raised"):
+    hostcall.barrier()
+  # A finish after that raises the other process's words, not it again.
+  with pytest.raises(RuntimeError, match="another process"):
+    controls.finish(FIRST, FAILED)
+
+
+def test_released_failures_stay_bounded(controls, monkeypatch):
+  monkeypatch.setattr(controls, "KEPT_FAILURES", 4)
+  device = jax.devices()[0]
+  for k in range(6):
+    key = ("site", k)
+    monkeypatch.setattr(host._bars.bars, "group_of", lambda h, key=key: key)
+    controls.open(FIRST + 10 + k, STOP, device)
+    assert controls.take(make_context((), device), ValueError(f"boom {k}"))
+    controls.close(FIRST + 10 + k)
+    controls.release(key)
+  # The two oldest were reported at once; the rest wait for their finish.
+  assert len(controls._released_failures) == 4
+  with pytest.raises(hcb.CallbackException, match="boom 1"):
+    hostcall.barrier()
+  controls.after_barrier()
+  with pytest.raises(hcb.CallbackException, match="boom 5"):
+    hostcall.barrier()
