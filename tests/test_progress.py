@@ -473,6 +473,29 @@ def test_every_device_of_an_invocation_gets_the_same_paces(monkeypatch):
   assert not bars._group_paces  # forgotten with the invocation's last device
 
 
+def test_a_barrier_does_not_release_an_invocation_another_device_runs(
+    monkeypatch):
+  # A barrier ends the handles opened before it (their computations have
+  # ended); one device's handle opened later, in a computation another
+  # thread dispatched, still runs the invocation: it keeps its paces, and
+  # the invocation is released only with it.
+  now = [0.0]
+  monkeypatch.setattr(bars_module.time, "monotonic", lambda: now[0])
+  bars = bars_module.Bars()
+  released = []
+  bars.release_hooks.append(released.append)
+  site = bars.site(bar_options.spec("p", None, "step", None, io.StringIO(),
+                                    False, {"disable": True}, position=0))
+  a = bars.open(site, "A", None)
+  first = bars.pace(a, "A")
+  now[0] = 1.0
+  b = bars.open(site, "B", None)
+  bars.close_all(opened_before=0.5)   # the barrier, begun between the opens
+  assert released == [] and bars.pace(b, "B") == first
+  bars.close(b, "B", 1)
+  assert released == [(site, 0)] and not bars._group_paces
+
+
 @pytest.mark.parametrize("loop", ["while_loop", "scan"])
 def test_a_steered_loop_that_stops_closes_its_bar_marked_stopped(loop):
   out = io.StringIO()

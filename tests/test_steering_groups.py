@@ -9,6 +9,8 @@ others have still to run its finish. Each must still see the same stop
 decision and the same contained failure.
 """
 
+import io
+
 import jax
 import pytest
 
@@ -125,3 +127,32 @@ def test_released_failures_stay_bounded(controls, monkeypatch):
   controls.after_barrier()
   with pytest.raises(hcb.CallbackException, match="boom 5"):
     hostcall.barrier()
+
+
+def test_a_failure_whose_finish_never_ran_is_raised_by_the_next_barrier():
+  # The loop's host function fails (contained); before its next check,
+  # JAX's own callback fails the computation: no finish ever runs. The
+  # invocation is released inside the barrier (its bar closed there), and
+  # that same barrier raises the contained failure, once.
+  def failing(i):
+    if int(i) == 30:
+      raise ValueError("contained boom")
+
+  def jaxs(i):
+    if int(i) == 31:
+      raise KeyError("jax's own callback")
+
+  def run(x):
+    def step(c, i):
+      hostcall.debug_callback(failing, i)
+      jax.debug.callback(jaxs, i)
+      return c + 1.0, None
+    return hostcall.progress.scan(step, x, jax.numpy.arange(300), every=50,
+                                  file=io.StringIO(), time_limit=3600.0).steps
+
+  with pytest.raises(jax.errors.JaxRuntimeError, match="jax's own callback"):
+    jax.block_until_ready(jax.jit(run)(0.0))
+  with pytest.raises(hcb.CallbackException, match="contained boom"):
+    hostcall.barrier()
+  hostcall.barrier()
+  assert not host.controls._groups and not host.controls._released_failures

@@ -362,7 +362,9 @@ class Bars:
       if invocation is not None:
         invocation.open.discard(handle)
         invocation.ended.add(device)
-        if force or invocation.over():
+        # (Forced by a barrier: not while another device runs it, in a
+        # computation another thread dispatched.)
+        if invocation.over() or (force and not invocation.open):
           self._release(group)
     if bar is None or not bar.is_open:
       return

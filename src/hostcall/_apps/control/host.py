@@ -38,12 +38,13 @@ class _Group:
   release), so that a device that opens after its peers closed joins their
   stop decision and their contained failure."""
 
-  __slots__ = ("id", "handles", "failure")
+  __slots__ = ("id", "handles", "failure", "opened")
 
   def __init__(self, group_id: int):
     self.id = group_id
     self.handles: set[int] = set()  # every handle that opened it
     self.failure: _Failure | None = None
+    self.opened = time.monotonic()
 
 
 class _Controls(calls.Containment):
@@ -158,6 +159,7 @@ class _Controls(calls.Containment):
     contained stays for the finishes still to come (a global view's
     devices finish after its one device closed the loop) until the next
     barrier, which reports it if none raised it."""
+    evicted = []
     with self._lock:
       group = self._groups.pop(group_key, None)
       if group is None:
@@ -167,22 +169,23 @@ class _Controls(calls.Containment):
       self.states.release(group.id)
       failure = group.failure
       if failure is not None:  # raised on one device, maybe not on all
-        released = time.monotonic()
         for handle in group.handles:
-          self._released_failures[handle] = (failure, released)
+          self._released_failures[handle] = (failure, group.opened)
         while len(self._released_failures) > self.KEPT_FAILURES:
-          _, (oldest, _) = self._released_failures.popitem(last=False)
-          self._report(oldest)
+          evicted.append(self._released_failures.popitem(last=False)[1][0])
+    for failure in evicted:
+      self._report(failure)
 
   def after_barrier(self) -> None:
     """Every computation started before the barrier has ended: a failure
-    released before it that no loop's finish raised (its computation failed
-    elsewhere first) is reported by the barrier; it is never lost."""
+    of a loop opened before it (whose finishes have all run) that no finish
+    raised (its computation failed elsewhere first) is reported by the
+    barrier; it is never lost."""
     started = barrier_started()
     with self._lock:
-      reported = [(handle, failure) for handle, (failure, released)
+      reported = [(handle, failure) for handle, (failure, opened)
                   in self._released_failures.items()
-                  if started is None or released < started]
+                  if started is None or opened < started]
       for handle, _ in reported:
         del self._released_failures[handle]
     for _, failure in reported:
