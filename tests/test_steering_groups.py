@@ -156,3 +156,18 @@ def test_a_failure_whose_finish_never_ran_is_raised_by_the_next_barrier():
     hostcall.barrier()
   hostcall.barrier()
   assert not host.controls._groups and not host.controls._released_failures
+
+
+def test_a_handle_without_an_invocation_is_a_group_of_its_own(controls,
+                                                              monkeypatch):
+  # Its bar was closed before the open (progress.close_all in another
+  # thread): it shares no decision, and its close releases it.
+  monkeypatch.setattr(host._bars.bars, "group_of", lambda handle: None)
+  device = jax.devices()[0]
+  controls.open(FIRST, STOP, device)
+  controls.open(LATE, STOP, device)
+  controls.request(controls._group_of[FIRST].id, STOP_WHEN)
+  assert [controls.poll(FIRST, 1), controls.poll(LATE, 1)] == [STOP_WHEN, 0]
+  controls.close(FIRST)
+  controls.close(LATE)
+  assert _registries(controls) == dict.fromkeys(_registries(controls), 0)

@@ -32,16 +32,19 @@ class _Failure:
     self.devices = {device}  # where host calls are skipped until it stops
 
 
+_ORPHAN = object()  # the key of a group no invocation of bars knows
+
+
 class _Group:
   """One invocation of a steered loop on this process's devices: from its
   first device's open until every device of it has ended (``bars``'
   release), so that a device that opens after its peers closed joins their
   stop decision and their contained failure."""
 
-  __slots__ = ("id", "handles", "failure", "opened")
+  __slots__ = ("id", "key", "handles", "failure", "opened")
 
-  def __init__(self, group_id: int):
-    self.id = group_id
+  def __init__(self, group_id: int, key: tuple):
+    self.id, self.key = group_id, key
     self.handles: set[int] = set()  # every handle that opened it
     self.failure: _Failure | None = None
     self.opened = time.monotonic()
@@ -97,7 +100,9 @@ class _Controls(calls.Containment):
   # -- opening and closing -------------------------------------------------
 
   def open(self, handle: int, stop: Stop, device=None) -> None:
-    group_key = _bars.bars.group_of(handle)
+    # (A handle whose bar was closed before this open, by progress.close_all
+    # in another thread, runs in a group of its own, released at its close.)
+    group_key = _bars.bars.group_of(handle) or (_ORPHAN, handle)
     if stop.interruptible:
       frame = frame_waiting_for_the_loop()
       if frame is not None:
@@ -111,7 +116,8 @@ class _Controls(calls.Containment):
     with self._lock:
       group = self._groups.get(group_key)
       if group is None:
-        group = self._groups[group_key] = _Group(next(self._group_ids))
+        group = self._groups[group_key] = _Group(next(self._group_ids),
+                                                 group_key)
         states.open(handle, group.id, stop)
         states.hold(group.id)  # until every device of it has ended
       else:
@@ -150,8 +156,11 @@ class _Controls(calls.Containment):
         return
       self.states.close(handle)
       self._update_failing()
+      group = self._group_of.get(handle)
     if found[1].stop_when is not None:
       queue.consumer.start().hurry(-1)
+    if group is not None and group.key[0] is _ORPHAN:
+      self.release(group.key)
 
   def release(self, group_key: tuple) -> None:
     """Every device of the invocation ``group_key`` has ended (``bars``'
