@@ -188,6 +188,10 @@ class Bars:
       index = self._invocations[(site, device)]
       self._invocations[(site, device)] += 1
       handle = next(self._handles) & 0x7FFFFFFF
+      # This process's devices that run the loop (shard_map, pmap).
+      process = getattr(device, "process_index", 0)
+      peers = [d for d in getattr(context, "peers", ())
+               if getattr(d, "process_index", 0) == process]
       bar = None
       if (context is None or spec.all_processes or
           context.process_index == 0):  # else drawn by process 0 only
@@ -198,10 +202,7 @@ class Bars:
             self._bars.popitem(last=False)
         if bar.is_open:
           bar.counts[device] = 0
-          process = getattr(device, "process_index", 0)
-          bar.expected.update(
-              d for d in getattr(context, "peers", ())
-              if getattr(d, "process_index", 0) == process)
+          bar.expected.update(peers)
         else:
           bar = None
       self._open[handle] = (bar, device,
@@ -214,10 +215,7 @@ class Bars:
         invocation = self._running[(site, index)] = _Invocation()
         self._release_forgotten()
       invocation.open.add(handle)
-      process = getattr(device, "process_index", 0)
-      invocation.expected.update(
-          d for d in getattr(context, "peers", ())
-          if getattr(d, "process_index", 0) == process)
+      invocation.expected.update(peers)
       self._paces[handle] = (time.monotonic(), 0, 0)
       return handle
 

@@ -118,10 +118,9 @@ class _Controls(calls.Containment):
       if group is None:
         group = self._groups[group_key] = _Group(next(self._group_ids),
                                                  group_key)
-        states.open(handle, group.id, stop)
-        states.hold(group.id)  # until every device of it has ended
-      else:
-        states.open(handle, group.id, stop)
+      states.open(handle, group.id, stop)
+      if not group.handles:  # its first: held until every device has ended
+        states.hold(group.id)
       group.handles.add(handle)
       self._group_of[handle] = group
       self._device_of[handle] = device
