@@ -23,6 +23,7 @@ from jax import lax
 import hostcall
 from hostcall import host_callback as hcb
 from hostcall import metrics
+from hostcall._async import queues
 
 ROOT = pathlib.Path(__file__).parent.parent
 
@@ -337,7 +338,7 @@ def test_a_queued_call_python_cannot_read_is_reported_and_released(
   hostcall.barrier()
   if not hostcall.queue_stats()["native"]:
     pytest.skip("the native queue is not in use")
-  real, real_buffer = ctypes.string_at, ctypes.create_string_buffer
+  real, real_block = ctypes.string_at, queues._new_block
 
   def out_of_memory(address, size):
     monkeypatch.setattr(ctypes, "string_at", real)
@@ -345,11 +346,11 @@ def test_a_queued_call_python_cannot_read_is_reported_and_released(
 
   def no_buffer(size):
     # The one buffer for a batch's items: each is then read alone.
-    monkeypatch.setattr(ctypes, "create_string_buffer", real_buffer)
+    monkeypatch.setattr(queues, "_new_block", real_block)
     raise MemoryError()
 
   monkeypatch.setattr(ctypes, "string_at", out_of_memory)
-  monkeypatch.setattr(ctypes, "create_string_buffer", no_buffer)
+  monkeypatch.setattr(queues, "_new_block", no_buffer)
   f(1)
   with pytest.raises(hcb.CallbackException,
                      match=r"could not be read into Python \(MemoryError"):

@@ -12,6 +12,7 @@ from jax import lax
 
 import hostcall
 from hostcall import host_callback as hcb
+from hostcall._async import queues
 from hostcall._core import deferring
 from hostcall._flavours import jit as jit_module
 
@@ -160,7 +161,7 @@ def test_same_host_calls_and_results_as_jax_jit(name, mode):
 def test_the_program_carries_no_effect(name):
   program, args = PROGRAMS[name]
   compiled = hostcall.jit(functools.partial(program, Log()))
-  closed = jax.make_jaxpr(compiled._active)(*args)
+  closed = jax.make_jaxpr(compiled._hostcall_jitted._active)(*args)
   assert not closed.effects
   assert deferring.analyse(jax.make_jaxpr(
       functools.partial(program, Log()))(*args)) is True
@@ -202,7 +203,7 @@ def test_calls_that_must_stay_live_leave_the_program_as_jax_jit_has_it(
 
   compiled = hostcall.jit(program)
   assert deferring.analyse(jax.make_jaxpr(program)(1.0)) is None
-  assert jax.make_jaxpr(compiled._active)(1.0).effects
+  assert jax.make_jaxpr(compiled._hostcall_jitted._active)(1.0).effects
   assert float(compiled(1.0)) == 1.0
   hostcall.barrier()
   assert [c[0] for c in log.calls] == ["before", "io"]
@@ -272,7 +273,7 @@ def test_taps_in_while_loops_and_conds(mode):
   assert deferring.analyse(jax.make_jaxpr(
       functools.partial(_loops, Log()))(np.int32(1)),
                            queued=queued) is (True if queued else None)
-  assert bool(jax.make_jaxpr(compiled._active)(np.int32(1)).effects) is (
+  assert bool(jax.make_jaxpr(compiled._hostcall_jitted._active)(np.int32(1)).effects) is (
       not queued)
   assert (log.threads == {"hostcall-consumer"}) is queued
 
@@ -290,7 +291,7 @@ def test_a_pure_callback_with_results_stays_and_the_taps_are_deferred():
   hostcall.barrier()
   assert float(out) == pytest.approx(np.sin(0.5))
   assert log.calls == [("y", [pytest.approx(np.sin(0.5))], ())]
-  assert not jax.make_jaxpr(compiled._active)(0.5).effects
+  assert not jax.make_jaxpr(compiled._hostcall_jitted._active)(0.5).effects
 
 
 def test_nothing_to_defer_is_jax_jit():
@@ -406,7 +407,7 @@ def test_metrics_rows_and_hostcall_scan_flushes_are_deferred(tmp_path):
 
   with hostcall.metrics.Run("run", root=str(tmp_path), writers=["memory"]) as run:
     compiled = hostcall.jit(program)
-    assert not jax.make_jaxpr(compiled._active)(0.0).effects
+    assert not jax.make_jaxpr(compiled._hostcall_jitted._active)(0.0).effects
     compiled(jnp.float32(0))
     compiled(jnp.float32(10))
     hostcall.barrier()
@@ -586,7 +587,7 @@ def test_a_scans_deferred_values_are_stacked_on_the_device(mode):
 
   compiled = hostcall.jit(program)
   for length in (1, 100, 1000):
-    _, extra = jax.eval_shape(compiled._deferring,
+    _, extra = jax.eval_shape(compiled._hostcall_jitted._deferring,
                               jnp.zeros(length, jnp.float32))
     assert [p.shape for p in extra.packs] == [(length * 8,)]
 
@@ -836,7 +837,7 @@ def test_a_progress_bar_with_metrics_is_queued_as_jax_jit_draws_it(
   assert results["hostcall"] == results["jax"]
   assert results["jax"][1] == ["40/40", "40/40"]
   assert len(results["jax"][2]) == 80
-  effects = jax.make_jaxpr(compiled._active)(jnp.float32(1)).effects
+  effects = jax.make_jaxpr(compiled._hostcall_jitted._active)(jnp.float32(1)).effects
   assert bool(effects) is (mode != "queued")
 
 
@@ -857,7 +858,7 @@ def test_a_queued_call_python_cannot_read_loses_only_itself(mode,
   f(np.zeros(8, np.int32))
   hostcall.barrier()
   seen.clear()
-  real_buffer, real_string_at = ctypes.create_string_buffer, ctypes.string_at
+  real_string_at = ctypes.string_at
   failed = []
 
   def no_buffer(size):  # the batch's one buffer: items read one by one
@@ -876,7 +877,7 @@ def test_a_queued_call_python_cannot_read_loses_only_itself(mode,
   gather = queue_module.consumer.gather
   hostcall.set_gather_window(1.0)  # the three calls in one batch
   try:
-    monkeypatch.setattr(ctypes, "create_string_buffer", no_buffer)
+    monkeypatch.setattr(queues, "_new_block", no_buffer)
     monkeypatch.setattr(ctypes, "string_at", second_unreadable)
     for i in range(3):
       f(np.full(8, i, np.int32))
@@ -884,8 +885,7 @@ def test_a_queued_call_python_cannot_read_loses_only_itself(mode,
                        match=r"could not be read into Python"):
       hostcall.barrier()
   finally:
-    monkeypatch.setattr(ctypes, "create_string_buffer", real_buffer)
-    monkeypatch.setattr(ctypes, "string_at", real_string_at)
+    monkeypatch.undo()
     hostcall.set_gather_window(gather)
   assert seen == [0, 2]
 

@@ -18,6 +18,7 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <new>
 #include <thread>
 #include <vector>
 
@@ -28,10 +29,12 @@ namespace ffi = xla::ffi;
 namespace {
 
 struct Item {
-  int64_t site;
-  int64_t key;        // 0: the bytes are in data; else Python holds arrays
-  int64_t accounted;  // the room the item takes in the queue
-  std::vector<char> data;
+  int64_t site = 0;
+  int64_t key = 0;        // 0: the bytes are here; else Python holds arrays
+  int64_t accounted = 0;  // the room the item takes in the queue
+  int64_t size = 0;       // the operands' bytes, at `bytes`:
+  char* bytes = nullptr;  // right after the item, or in a large one's block
+  std::vector<char> block;
 };
 
 constexpr int64_t kItemOverhead = 64;
@@ -99,6 +102,34 @@ void KeepBlock(Queue& q, std::vector<char>&& block) {
   }
 }
 
+// A new item for `size` bytes: a small one's bytes follow it in one
+// allocation (one malloc and one free a tap: hostcall.jit queues a few bytes
+// a call), a large one's come from the spare blocks.
+Item* NewItem(int64_t size) {
+  const bool small = size < kMinPooled;
+  void* memory = ::operator new(sizeof(Item) + (small ? size : 0));
+  Item* item = new (memory) Item();
+  item->size = size;
+  if (small) {
+    item->bytes = reinterpret_cast<char*>(item + 1);
+  } else {
+    item->block = TakeBlock(queue(), size);
+    item->bytes = item->block.data();
+  }
+  return item;
+}
+
+// Frees an item, keeping a large block for reuse. Only that takes the lock:
+// the consumer frees hostcall.jit's small items by the hundred a trip.
+void Release(Queue& q, Item* item) {
+  if (static_cast<int64_t>(item->block.capacity()) >= kMinPooled) {
+    std::lock_guard<std::mutex> lock(q.mu);
+    KeepBlock(q, std::move(item->block));
+  }
+  item->~Item();
+  ::operator delete(item);
+}
+
 // Called with q.mu held: whether a gathering consumer must take the items
 // now: someone waits for their delivery (hostcall_hurry: a barrier, a
 // steered loop whose checks wait for its predicate; or a producer that
@@ -155,15 +186,13 @@ ffi::Error Push(int64_t site, ffi::Span<const int64_t> nbytes,
     }
     total += nbytes[i];
   }
-  Item* item = new Item();
+  Item* item = NewItem(total);
   item->site = site;
-  item->key = 0;
   item->accounted = total + kItemOverhead;
-  item->data = TakeBlock(queue(), total);
   int64_t offset = 0;
   for (size_t i = 0; i < args.size(); ++i) {
     if (nbytes[i]) {
-      std::memcpy(item->data.data() + offset,
+      std::memcpy(item->bytes + offset,
                   args.get<ffi::AnyBuffer>(i)->untyped_data(), nbytes[i]);
     }
     offset += nbytes[i];
@@ -264,8 +293,8 @@ void hostcall_describe(void* handle, int64_t* out) {
   Item* item = static_cast<Item*>(handle);
   out[0] = item->site;
   out[1] = item->key;
-  out[2] = reinterpret_cast<int64_t>(item->data.data());
-  out[3] = static_cast<int64_t>(item->data.size());
+  out[2] = reinterpret_cast<int64_t>(item->bytes);
+  out[3] = item->size;
 }
 
 // Describes n items at once: 4 int64 each in out, as hostcall_describe.
@@ -282,17 +311,13 @@ void hostcall_copy_free_many(void** handles, int64_t n, int64_t below,
   Queue& q = queue();
   for (int64_t i = 0; i < n; ++i) {
     Item* item = static_cast<Item*>(handles[i]);
-    const int64_t size = static_cast<int64_t>(item->data.size());
+    const int64_t size = item->size;
     if (item->key == 0 && size >= below) continue;
     if (item->key == 0 && size) {
-      std::memcpy(dest, item->data.data(), size);
+      std::memcpy(dest, item->bytes, size);
       dest += size;
     }
-    {
-      std::lock_guard<std::mutex> lock(q.mu);
-      KeepBlock(q, std::move(item->data));
-    }
-    delete item;
+    Release(q, item);
   }
 }
 
@@ -300,7 +325,7 @@ void hostcall_copy_free_many(void** handles, int64_t n, int64_t below,
 // Python-callback path), so that it keeps its place among the taps the FFI
 // handler queues, and takes `nbytes` of room.
 void hostcall_push_host(int64_t site, int64_t key, int64_t nbytes) {
-  Item* item = new Item();
+  Item* item = NewItem(0);
   item->site = site;
   item->key = key;
   item->accounted = nbytes + kItemOverhead;
@@ -325,15 +350,7 @@ void hostcall_uncount_many(void** handles, int64_t n) {
 }
 
 // Frees an item whose room was given back, keeping its block for reuse.
-void hostcall_free(void* handle) {
-  Queue& q = queue();
-  Item* item = static_cast<Item*>(handle);
-  {
-    std::lock_guard<std::mutex> lock(q.mu);
-    KeepBlock(q, std::move(item->data));
-  }
-  delete item;
-}
+void hostcall_free(void* handle) { Release(queue(), static_cast<Item*>(handle)); }
 
 // A thread starts (+1) or stops (-1) waiting for the queue's items to be
 // delivered (a barrier; a steered loop with a host predicate holds one

@@ -226,28 +226,36 @@ class _Sites:
 sites = _Sites()
 
 
-def _runs(batch: list) -> list:
-  """The batch's items in runs of consecutive items of one call site."""
-  return [list(run) for _, run in itertools.groupby(batch, _site_of)]
-
-
-_site_of = operator.itemgetter(0)
 _raw_of = operator.itemgetter(2)
 
 
-def _columns(target, layouts, items: list) -> list:
-  """The operands of several queued calls of one site, each stacked
-  ``(calls, *shape)``: read at once where every operand is whole bytes."""
-  raws = [raw for _, arrays, raw in items]
-  if (layouts is not None and set(map(type, raws)) == {bytes}
-      and all(layout.bits % 8 == 0 and layout.count for layout in layouts)):
-    rows = np.frombuffer(b"".join(raws), np.uint8).reshape(len(raws), -1)
+def _columns(target, layouts, items) -> list:
+  """The operands of several queued calls of one site (a list of items or
+  a ``Packed`` run), each stacked ``(calls, *shape)``: read at once where
+  every operand is whole bytes."""
+  whole_bytes = layouts is not None and all(
+      layout.bits % 8 == 0 and layout.count for layout in layouts)
+  if isinstance(items, queues.Packed):
+    if not whole_bytes:
+      return _columns(target, layouts, items.items())
+    rows = items.rows()
+  elif whole_bytes and {type(raw) for _, _, raw in items} == {bytes}:
+    rows = np.frombuffer(b"".join(raw for _, _, raw in items),
+                         np.uint8).reshape(len(items), -1)
+  else:
+    rows = None
+  if rows is not None:
+    if rows.shape[1] != sum(layout.nbytes for layout in layouts):
+      raise RuntimeError(
+          f"hostcall: queued calls have {rows.shape[1]} bytes each where "
+          f"their call site describes "
+          f"{sum(layout.nbytes for layout in layouts)}")
     columns, at = [], 0
     for layout in layouts:
       block = rows[:, at:at + layout.nbytes]
       at += layout.nbytes
       columns.append(np.ascontiguousarray(block).view(layout.dtype).reshape(
-          (len(raws), *layout.shape)))
+          (len(rows), *layout.shape)))
     return columns
   flats = []
   for _, arrays, raw in items:
@@ -377,15 +385,17 @@ class Consumer:
       # Each item let go of before it counts as delivered: whoever waits
       # for it (a barrier) finds its values (maybe large) released. The
       # calls of a joinable site (hostcall.jit's) go together.
-      runs = _runs(batch)
-      batch = None
+      runs, batch = batch, None
       runs.reverse()
       while runs:
         run = runs.pop()
-        site = run[0][0]
+        packed = isinstance(run, queues.Packed)
+        site = run.site if packed else run[0][0]
         if len(run) > 1 and sites.joinable(site):
           self._delivering_run(site, run, q)
           continue
+        if packed:
+          run = run.items()
         run.reverse()
         while run:
           self._delivering_run(site, [run.pop()], q)
@@ -447,10 +457,11 @@ class Consumer:
     site (see ``_Sites.add``) are read at once: a vectorised target that
     joins calls (a metrics row) gets them all in one ``deliver_steps``,
     any other each in turn, in one call context, each failing alone."""
-    if len(items) == 1:
+    if isinstance(items, list) and len(items) == 1:
       Consumer._deliver(*items[0])
       return
-    if queues.Unreadable in set(map(type, map(_raw_of, items))):
+    if (isinstance(items, list)
+        and queues.Unreadable in set(map(type, map(_raw_of, items)))):
       # Each fails alone: the others are delivered.
       for item in items:
         try:

@@ -8,7 +8,11 @@ from __future__ import annotations
 import collections
 import ctypes
 import itertools
+import operator
 import threading
+
+import numpy as np
+
 
 class PythonQueue:
   """The fallback queue, bounded in bytes like the native one."""
@@ -61,7 +65,7 @@ class PythonQueue:
     """Nothing to do: this queue hands over every item at once."""
 
   def pop_batch(self, timeout: float, gather: float = 0.0) -> list:
-    """``(site, arrays, raw)`` items in queue order (maybe none); this queue
+    """The queued items in runs (see ``runs``; maybe none); this queue
     does not gather (``gather`` is for the native one)."""
     with self._cond:
       if not self._cond.wait_for(lambda: self._items, timeout):
@@ -71,7 +75,7 @@ class PythonQueue:
       self.trips += 1
       self._bytes -= sum(size for _, _, size in items)
       self._cond.notify_all()
-    return [(site, arrays, None) for site, arrays, _ in items]
+    return runs([(site, arrays, None) for site, arrays, _ in items])
 
   def stats(self) -> dict:
     with self._cond:
@@ -118,38 +122,53 @@ class NativeQueue:
     self.lib.held.hostcall_hurry(delta)
 
   def pop_batch(self, timeout: float, gather: float = 0.0) -> list:
-    """``(site, arrays, raw)`` items in queue order (maybe none): ``arrays``
-    for items queued from Python, else ``raw``, the operands' bytes. Once
-    one item is there, waits up to ``gather`` seconds for more to join it,
-    unless someone waits for them (see ``hostcall_pop``)."""
+    """The queued items in runs (see ``runs``; maybe none): the items
+    queued from Python with their ``arrays``, the others with ``raw``, the
+    operands' bytes. Once one item is there, waits up to ``gather`` seconds
+    for more to join it, unless someone waits for them (see
+    ``hostcall_pop``)."""
     lib = self.lib
     n = lib.hostcall_pop(int(timeout * 1000), self.BATCH,
                          int(gather * 1e6), self._handles)
     if not n:
       return []
-    handles, items = self._handles, []
+    handles = self._handles
     lib.held.hostcall_describe_many(handles, n, self._descriptions)
-    described = self._descriptions[:4 * n]
     # Every popped item gives back its room in the queue at once, whatever
     # happens while reading it.
     lib.held.hostcall_uncount_many(handles, n)
+    table = np.frombuffer(self._descriptions, np.int64, 4 * n).reshape(n, 4)
+    sites, keys, sizes = table[:, 0], table[:, 1], table[:, 3]
+    if not keys.any() and sizes.max() < ZERO_COPY_BYTES:
+      # The common batch (hostcall.jit's calls): read in one copy, handed
+      # over in runs of one site without a Python object an item.
+      try:
+        block = _new_block(int(sizes.sum()))
+      except BaseException as exc:  # noqa: BLE001 - e.g. MemoryError
+        return runs(self._take_one_by_one(n, exc))
+      lib.held.hostcall_copy_free_many(handles, n, ZERO_COPY_BYTES,
+                                       block.ctypes.data)
+      block.flags.writeable = False  # as bytes read from the queue were
+      return Packed.runs_of(sites, sizes, block)
+    return runs(self._items(n))
+
+  def _items(self, n: int) -> list:
+    """``(site, arrays, raw)`` for each of the ``n`` items popped, whose
+    room is given back: small ones copied out together, large ones handed
+    over as views."""
+    lib, handles, items = self.lib, self._handles, []
+    described = self._descriptions[:4 * n]
     keys, sizes = described[1::4], described[3::4]
-    every_small = not any(keys) and max(sizes) < ZERO_COPY_BYTES
-    small = (sum(sizes) if every_small else
-             sum(size for key, size in zip(keys, sizes)
-                 if not key and size < ZERO_COPY_BYTES))
+    small = sum(size for key, size in zip(keys, sizes)
+                if not key and size < ZERO_COPY_BYTES)
     try:
       # One copy for every small item, read into Python at once.
-      buffer = ctypes.create_string_buffer(small) if small else None
+      block = _new_block(small)
     except BaseException as exc:  # noqa: BLE001 - e.g. MemoryError
       return self._take_one_by_one(n, exc)
-    lib.held.hostcall_copy_free_many(handles, n, ZERO_COPY_BYTES, buffer)
-    data = buffer.raw if small else b""
-    if every_small:  # the common batch (hostcall.jit's calls): no loop here
-      ends = list(itertools.accumulate(sizes))
-      return list(zip(described[0::4], itertools.repeat(None),
-                      map(data.__getitem__,
-                          map(slice, [0, *ends[:-1]], ends))))
+    lib.held.hostcall_copy_free_many(handles, n, ZERO_COPY_BYTES,
+                                     block.ctypes.data)
+    data = block.tobytes()
     at = 0
     for i in range(n):
       site, key, address, size = described[4 * i:4 * i + 4]
@@ -199,6 +218,67 @@ class NativeQueue:
     return {"pushed": out[0], "queued": out[1], "queued_bytes": out[2],
             "capacity": out[3], "producer_waits": out[4],
             "producers_waiting": out[5], "trips": out[6]}
+
+
+def _new_block(size: int) -> np.ndarray:
+  """Memory for the bytes of a batch's small items (the one place a pop
+  allocates them: a MemoryError here has each item read alone)."""
+  return np.empty(size, np.uint8)
+
+
+def runs(items: list) -> list:
+  """``items`` in runs of consecutive items of one call site, each a list
+  (a ``Packed`` is a run of its own)."""
+  return [list(run) for _, run in itertools.groupby(items, _site_of)]
+
+
+_site_of = operator.itemgetter(0)
+
+
+class Packed:
+  """A run of consecutive queued calls of one call site, ``size`` bytes
+  each, read into one block: what the consumer mostly takes (hostcall.jit's
+  calls), handed over without a Python object a call."""
+
+  __slots__ = ("site", "count", "size", "block")
+
+  def __init__(self, site: int, count: int, size: int, block: np.ndarray):
+    self.site, self.count, self.size, self.block = site, count, size, block
+
+  @classmethod
+  def runs_of(cls, sites: np.ndarray, sizes: np.ndarray, block: np.ndarray
+              ) -> list:
+    """The runs of a batch whose items' bytes lie one after the other in
+    ``block``: one a change of site (or of size)."""
+    n = len(sites)
+    cuts = np.flatnonzero((sites[1:] != sites[:-1])
+                          | (sizes[1:] != sizes[:-1])) + 1
+    bounds = [0, *cuts.tolist(), n]
+    out, at = [], 0
+    for start, end in zip(bounds, bounds[1:]):
+      size, count = int(sizes[start]), end - start
+      out.append(cls(int(sites[start]), count, size,
+                     block[at:at + count * size]))
+      at += count * size
+    return out
+
+  def rows(self) -> np.ndarray:
+    """The calls' bytes, ``(count, size)``."""
+    return self.block.reshape(self.count, self.size)
+
+  def items(self) -> list:
+    """``(site, None, raw)`` for each call, as the queue hands items."""
+    raw = self.block.tobytes()
+    size = self.size
+    return [(self.site, None, raw[i * size:(i + 1) * size])
+            for i in range(self.count)]
+
+  def __len__(self) -> int:
+    return self.count
+
+  def clear(self) -> None:
+    """Lets go of the calls' bytes (delivered)."""
+    self.block = None
 
 
 #: Items at least this large reach the host function without a copy: its

@@ -22,7 +22,6 @@ A program with a host call that cannot be taken out is compiled as
 from __future__ import annotations
 
 import functools
-import types
 from typing import Any, Callable
 
 import jax
@@ -52,8 +51,16 @@ class _DeferredOutputs:
 
 @functools.cache
 def _one_cpu_with_the_native_queue() -> bool:
-  return (jax.default_backend() == "cpu" and jax.device_count() == 1
-          and native.load() is not None)
+  global _ONE_CPU
+  _ONE_CPU = (jax.default_backend() == "cpu" and jax.device_count() == 1
+              and native.load() is not None)
+  return _ONE_CPU
+
+
+#: ``_one_cpu_with_the_native_queue()`` once it said yes: read by every
+#: call of ``hostcall.jit``, where a function call costs what is saved.
+_ONE_CPU = False
+_dispatching_at_top_level = _jax_private.dispatching_at_top_level
 
 
 def _queues_on_this_device() -> bool:
@@ -71,7 +78,8 @@ mode = "auto"
 
 
 class Jitted:
-  """What ``hostcall.jit`` returns: call it as the ``jax.jit`` function.
+  """The three ``jax.jit`` functions behind one ``hostcall.jit`` function,
+  and how a call chooses between them (see ``function``).
 
   ``lower``, ``trace`` and ``eval_shape`` are ``jax.jit``'s, on the program
   with its host calls where they are (an AOT-compiled program keeps them).
@@ -96,18 +104,39 @@ class Jitted:
     functools.update_wrapper(queueing, fun)
     self._deferring = jax.jit(traced, **kwargs)
     self._queueing = jax.jit(queueing, **jit_kwargs)
-    functools.update_wrapper(self, fun)
 
-  def __call__(self, *args, **kwargs):
-    if not _jax_private.dispatching_at_top_level():
+  def function(self) -> Callable:
+    """What ``hostcall.jit`` returns: a Python function (which binds as a
+    method, as ``jax.jit``'s functions do) with ``lower``, ``trace``,
+    ``eval_shape`` and ``clear_cache``. A function, not this object made
+    callable: a call of an instance's ``__call__`` costs 0.1 to 0.3 us more
+    than a function's, a tenth of what this wrapper may add to a call."""
+    queueing = self._queueing
+
+    def jitted(*args, **kwargs):
+      # _queues_on_this_device() at the top level, inlined: each step
+      # here adds to every call's few microseconds.
+      if (_dispatching_at_top_level() and mode == "auto"
+          and (_ONE_CPU or _one_cpu_with_the_native_queue())):
+        # The barrier then waits for this program to have run.
+        deferred.queued_since_barrier = True
+        # (Forwarding no keywords is the cheaper call.)
+        return queueing(*args, **kwargs) if kwargs else queueing(*args)
+      return self._call_elsewhere(args, kwargs)
+
+    functools.update_wrapper(jitted, self._fun)
+    jitted.lower, jitted.trace = self.lower, self.trace
+    jitted.eval_shape, jitted.clear_cache = self.eval_shape, self.clear_cache
+    jitted._hostcall_jitted = self
+    return jitted
+
+  def _call_elsewhere(self, args, kwargs):
+    """A call that does not queue its host calls from the device."""
+    if not _dispatching_at_top_level():
       # Under a transformation (vmap, grad, an enclosing jit), the host
       # calls are staged into the enclosing program, as jax.jit's are;
       # under jax.disable_jit() they run as the function runs.
       return self._plain(*args, **kwargs)
-    if _queues_on_this_device():
-      # The barrier then waits for this program to have run.
-      deferred.queued_since_barrier = True
-      return self._queueing(*args, **kwargs)
     outs, extra = self._deferring(*args, **kwargs)
     if extra.plan is not None:
       deferred.submit(extra.plan, extra.packs)
@@ -180,16 +209,6 @@ class Jitted:
     self._deferring.clear_cache()
     self._queueing.clear_cache()
 
-  def __repr__(self):
-    return f"hostcall.jit({getattr(self._fun, '__name__', self._fun)!r})"
-
-  def __get__(self, instance, owner=None):
-    # A method decorated with @hostcall.jit binds as a function does (a
-    # bound method, as jax.jit's: its name, __self__, clear_cache).
-    if instance is None:
-      return self
-    return types.MethodType(self, instance)
-
 
 def jit(fun: Callable | None = None, /, **jit_kwargs: Any):
   """``jax.jit``, with the host calls whose results are unused taken out of
@@ -238,4 +257,4 @@ def jit(fun: Callable | None = None, /, **jit_kwargs: Any):
   if fun is None:
     return functools.partial(jit, **jit_kwargs)
   check_callable(fun, "hostcall.jit's fun")
-  return Jitted(fun, jit_kwargs)
+  return Jitted(fun, jit_kwargs).function()
