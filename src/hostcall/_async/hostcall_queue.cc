@@ -221,7 +221,22 @@ ffi::Error EnqueueThreaded(int64_t site, ffi::Span<const int64_t> nbytes,
   return Push(site, nbytes, args);
 }
 
+// The last call of such a program: after the call that returned the value
+// it takes, and nothing waits for it (no result: no buffer to allocate).
+ffi::Error EnqueueAfter(int64_t site, ffi::Span<const int64_t> nbytes,
+                        ffi::AnyBuffer, ffi::RemainingArgs args) {
+  return Push(site, nbytes, args);
+}
+
 }  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    hostcall_enqueue_after, EnqueueAfter,
+    ffi::Ffi::Bind()
+        .Attr<int64_t>("site")
+        .Attr<ffi::Span<const int64_t>>("nbytes")
+        .Arg<ffi::AnyBuffer>()
+        .RemainingArgs());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     hostcall_enqueue_threaded, EnqueueThreaded,

@@ -49,13 +49,13 @@ def emit(ctx, target: HostTarget, contexts, token, operands, operand_avals,
 
 
 def emit_threaded(ctx, target: HostTarget, transforms, device_index: int,
-                  order, operands, packed=None):
+                  order, operands, packed=None, returns: bool = True):
   """Emits the queueing of ``operands`` ordered by the value ``order``
-  (``hostcall._core.threaded``); returns the value the next call takes.
-  ``packed``: the avals of the values packed into the one operand of
-  bytes, if they were. The native handler where the emission table routes
-  ``"enqueue"`` to it, else a runtime Python callback that pushes copies
-  (and returns zero)."""
+  (``hostcall._core.threaded``); returns the value the next call takes
+  (with ``returns=False``, none: None). ``packed``: the avals of the values
+  packed into the one operand of bytes, if they were. The native handler
+  where the emission table routes ``"enqueue"`` to it, else a runtime
+  Python callback that pushes copies (and returns zero)."""
   consumer = queue.consumer
   consumer.start()
   order_aval, *operand_avals = ctx.avals_in
@@ -72,17 +72,18 @@ def emit_threaded(ctx, target: HostTarget, transforms, device_index: int,
       if packed:
         flat = queue.decode(layouts, np.asarray(flat[0]).tobytes())
       push(*flat)
-      return (zero,)
+      return (zero,) if returns else ()
     results, _, _ = _jax_private.emit_python_callback(
         ctx, callback, None, [order, *operands],
-        [order_aval, *operand_avals], [order_aval], has_side_effect=True,
-        returns_token=False)
-    return results[0]
+        [order_aval, *operand_avals], [order_aval] if returns else [],
+        has_side_effect=True, returns_token=False)
+    return results[0] if returns else None
   site = queue.sites.add(target, contexts, layouts, joinable=True)
   nbytes = [layout.nbytes for layout in layouts]
-  op = _native_enqueue(ctx, "hostcall_enqueue_threaded", site,
-                       [order, *operands], [sum(nbytes)] if packed else nbytes)
-  return op.results[0]
+  op = _native_enqueue(
+      ctx, "hostcall_enqueue_threaded" if returns else "hostcall_enqueue_after",
+      site, [order, *operands], [sum(nbytes)] if packed else nbytes)
+  return op.results[0] if returns else None
 
 
 def _native_enqueue(ctx, name: str, site: queue.SiteRef, operands, nbytes):

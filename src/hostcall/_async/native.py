@@ -41,7 +41,8 @@ LIBRARY = libraries.Library(
                                   _i64, ctypes.c_char_p], _i64),
     },
     handlers={"enqueue": ("hostcall_enqueue", "hostcall_enqueue_ordered",
-                         "hostcall_enqueue_threaded")},
+                         "hostcall_enqueue_threaded",
+                         "hostcall_enqueue_after")},
     what="tap queue",
     fallback="asynchronous taps use the pure-Python queue (same guarantees, "
     "slower)")

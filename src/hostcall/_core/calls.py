@@ -119,17 +119,27 @@ def run(target: HostTarget, flat_args: Sequence[np.ndarray],
   raise failure
 
 
-def run_each(target: HostTarget, flats: Iterable[Sequence[np.ndarray]],
-             context: CallContext) -> None:
+def run_each(target: HostTarget, flats: Iterable, context: CallContext,
+             single: bool = False) -> None:
   """Runs ``target`` for each of several queued calls of one call site,
   in order, in one call context: each fails alone, postponed to the
   barrier (as ``run(..., asynchronous=True)`` would). The target's
   ``caller`` calls the host function (of a debug callback: directly),
-  its results dropped; a failure goes through ``deliver``'s policy."""
+  its results dropped; a failure goes through ``deliver``'s policy.
+
+  ``flats``: each call's flat arguments, or with ``single`` its one
+  argument."""
   call = target.caller(context)
   with calling(context, True):
     # One frame for the run, not one a call: a small call costs little
     # more than the host function itself.
+    if single:
+      for arg in flats:
+        try:
+          call(arg)
+        except BaseException as exc:  # noqa: BLE001 - a tap must never kill the run
+          _failed(target, exc, context)
+      return
     for flat_args in flats:
       try:
         call(*flat_args)

@@ -253,22 +253,53 @@ def _scan_layout(eqn):
 class _Recorder:
   """What one trace level (the program, or one loop body) defers: as
   outputs (``nodes`` and ``values``), or, when ``order`` is given, as
-  queued calls threading that value (``threaded``)."""
+  queued calls threading that value (``threaded``).
+
+  A queued call is bound once it is known whether another follows it
+  (reading ``order`` binds it, returning the value the next one takes;
+  ``finish`` binds the program's last call returning nothing)."""
 
   def __init__(self, order=None):
     self.nodes: list = []
     self.values: list = []
-    self.order = order
+    self.queued = order is not None
+    self._order = order
+    self._pending = None  # (operands, params) of a call not bound yet
+
+  @property
+  def order(self):
+    """The value the next queued call (or loop, or branch) takes."""
+    if self._pending is not None:
+      operands, params = self._pending
+      self._pending = None
+      self._order = threaded.bind(self._order, operands, **params)
+    return self._order
+
+  @order.setter
+  def order(self, value) -> None:
+    self.order  # noqa: B018 - a pending call is bound first, in its place
+    self._order = value
+    self.queued = value is not None
+
+  def finish(self) -> None:
+    """Ends the program: its last queued call is bound returning nothing;
+    a last loop or branch that queued calls is kept (``threaded.end``)."""
+    if self._pending is not None:
+      operands, params = self._pending
+      self._pending = None
+      threaded.bind(self._order, operands, **params, returns=False)
+    else:
+      threaded.end(self._order)
 
   def record(self, eqn, invals) -> None:
     params = eqn.params
     operands = [jnp.asarray(x, v.aval.dtype)
                 for x, v in zip(invals, eqn.invars)]
-    if self.order is not None:
-      self.order = threaded.bind(
-          self.order, operands, target=params["target"],
-          transforms=params["transforms"],
-          device_index=params["device_index"])
+    if self.queued:
+      self.order  # noqa: B018 - binds the call before this one
+      self._pending = (operands, {
+          "target": params["target"], "transforms": params["transforms"],
+          "device_index": params["device_index"]})
       return
     self.nodes.append(Call(
         params["target"], params["transforms"],
@@ -295,13 +326,13 @@ def evaluate_threaded(closed_jaxpr, args: Sequence) -> list:
   recorder = _Recorder(order=threaded.start_order())
   outs = _evaluate(_jaxpr_of(closed_jaxpr), closed_jaxpr.consts, args,
                    recorder)
-  threaded.end(recorder.order)
+  recorder.finish()
   return outs
 
 
 def _evaluate(jaxpr, consts, args, recorder: _Recorder) -> list:
   env: dict = {}
-  queued = recorder.order is not None
+  queued = recorder.queued
 
   def read(atom):
     return atom.val if isinstance(atom, jex_core.Literal) else env[atom]
@@ -371,7 +402,7 @@ def _scan(eqn, invals, recorder: _Recorder) -> list:
   init = invals[num_consts:num_consts + num_carry]
   xs = invals[num_consts + num_carry:]
   inner = _Recorder()
-  threading_order = recorder.order is not None
+  threading_order = recorder.queued
 
   def step(carry, x):
     inner.nodes.clear()
