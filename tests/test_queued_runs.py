@@ -1,0 +1,175 @@
+"""How hostcall.jit's queued calls travel: a program's last call returns
+nothing, the consumer takes a batch's calls in packed runs of one site,
+and reads their operands as columns of their dtypes."""
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+import hostcall
+from hostcall._async import queue, queues
+from hostcall._core import emission
+from hostcall._flavours import jit as jit_module
+
+
+@pytest.fixture
+def queued():
+  hostcall.barrier()  # the native queue started
+  if not jit_module._queues_on_this_device():
+    pytest.skip("no native tap queue here: calls become outputs")
+
+
+def _custom_calls(compiled_text: str) -> list:
+  return [target for target in ("hostcall_enqueue_threaded",
+                                "hostcall_enqueue_after")
+          for _ in range(compiled_text.count(f'"{target}"'))]
+
+
+def _program(seen):
+  def note(label):
+    return lambda *args: seen.append(
+        (label, *[np.asarray(a).tolist() for a in args]))
+
+  def step(x):
+    hostcall.debug_callback(note("first"), x)
+
+    def body(carry, k):
+      hostcall.debug_callback(note("scan"), k)
+      return carry + k, None
+    total, _ = jax.lax.scan(body, x, jnp.arange(3.0))
+    hostcall.debug_callback(note("middle"), total)
+    jax.lax.cond(total > 4, lambda: hostcall.debug_callback(note("big"), total),
+                 lambda: hostcall.debug_callback(note("small"), total))
+    hostcall.debug_callback(note("last"), x, total)
+    return total
+  return step
+
+
+@pytest.mark.parametrize("route", ["ffi", "python"])
+def test_the_last_call_returns_nothing_and_every_call_keeps_its_order(
+    queued, route, monkeypatch):
+  if route == "python":
+    monkeypatch.setattr(emission, "route", lambda *args: "python")
+  seen = []
+  step = hostcall.jit(_program(seen))
+  for i in range(20):
+    step(np.float32(i))
+  hostcall.barrier()
+  expected = [call for i in range(20) for call in (
+      ("first", float(i)), ("scan", 0.0), ("scan", 1.0), ("scan", 2.0),
+      ("middle", i + 3.0), ("big" if i + 3 > 4 else "small", i + 3.0),
+      ("last", float(i), i + 3.0))]
+  assert seen == expected
+  if route == "ffi":
+    text = step._hostcall_jitted._queueing.lower(np.float32(0)).compile(
+        ).as_text()
+    # Every call but the last returns the value the next one takes.
+    assert sorted(_custom_calls(text)) == (
+        ["hostcall_enqueue_after"] + ["hostcall_enqueue_threaded"] * 5)
+
+
+def test_a_program_ending_in_a_loop_keeps_the_loops_calls(queued):
+  seen = []
+
+  @hostcall.jit
+  def step(x):
+    def body(carry, k):
+      hostcall.debug_callback(lambda v: seen.append(float(v)), carry * k)
+      return carry + 1, None
+    return jax.lax.scan(body, x, jnp.arange(1.0, 4.0))[0]
+
+  assert float(step(np.float32(1))) == 4.0
+  hostcall.barrier()
+  assert seen == [1.0, 4.0, 9.0]
+  text = step._hostcall_jitted._queueing.lower(np.float32(0)).compile(
+      ).as_text()
+  assert _custom_calls(text) == ["hostcall_enqueue_threaded"]
+
+
+def test_one_call_of_many_operands_returns_nothing(queued):
+  seen = []
+
+  @hostcall.jit
+  def step(x):
+    hostcall.debug_callback(lambda *a: seen.append([v.tolist() for v in a]),
+                            x, x.astype(jnp.int8), x > 0)
+    return x
+
+  step(np.float32([1.5, -2.0]))
+  hostcall.barrier()
+  assert seen == [[[1.5, -2.0], [1, -2], [True, False]]]
+  text = step._hostcall_jitted._queueing.lower(
+      np.float32([0, 0])).compile().as_text()
+  assert _custom_calls(text) == ["hostcall_enqueue_after"]
+
+
+def test_a_batch_is_cut_into_runs_of_one_site_and_size():
+  sites = np.array([3, 3, 5, 5, 5, 3, 7], np.int64)
+  sizes = np.array([2, 2, 1, 1, 1, 2, 0], np.int64)
+  block = np.arange(int(sizes.sum()), dtype=np.uint8)
+  runs = queues.Packed.runs_of(sites, sizes, block)
+  assert [(r.site, r.count, r.size) for r in runs] == [
+      (3, 2, 2), (5, 3, 1), (3, 1, 2), (7, 1, 0)]
+  assert runs[0].rows().tolist() == [[0, 1], [2, 3]]
+  assert runs[1].rows().tolist() == [[4], [5], [6]]
+  assert runs[2].items() == [(3, None, bytes([7, 8]))]
+  assert runs[3].items() == [(7, None, b"")]
+  assert len(runs[1]) == 3
+  runs[1].clear()
+  assert runs[1].block is None
+
+
+def _packed(site, layouts, rows):
+  raw = b"".join(rows)
+  return queues.Packed(site, len(rows), len(rows[0]),
+                       np.frombuffer(raw, np.uint8))
+
+
+def test_columns_of_mixed_dtypes_at_any_offset():
+  # An int8 first puts the float32 and the float64 after it off their
+  # alignment: each is still read as its dtype.
+  layouts = (queue.Layout((), np.int8), queue.Layout((2,), np.float32),
+             queue.Layout((), np.float64), queue.Layout((3,), np.int16))
+  calls = [(np.int8(k), np.float32([k, -k]), np.float64(k / 3),
+            np.int16([k, 2 * k, 3 * k])) for k in range(5)]
+  rows = [b"".join(np.asarray(v).tobytes() for v in call) for call in calls]
+  columns = queue._columns("target", layouts, _packed(1, layouts, rows))
+  for column, layout, values in zip(columns, layouts, zip(*calls)):
+    assert column.dtype == layout.dtype
+    assert column.flags.c_contiguous
+    np.testing.assert_array_equal(column, np.stack(values))
+
+
+def test_columns_of_sub_byte_values_are_read_call_by_call():
+  layouts = (queue.Layout((3,), ml_dtypes.int4), queue.Layout((), np.uint8))
+  calls = [(np.array([1, -2, 3], ml_dtypes.int4), np.uint8(k))
+           for k in range(4)]
+
+  def packed_bytes(call):
+    codes = call[0].view(np.uint8) & 0xF
+    return bytes([codes[0] | codes[1] << 4, codes[2]]) + call[1].tobytes()
+
+  rows = [packed_bytes(call) for call in calls]
+  columns = queue._columns("target", layouts, _packed(1, layouts, rows))
+  np.testing.assert_array_equal(columns[0].astype(np.int8),
+                                np.int8([[1, -2, 3]] * 4))
+  np.testing.assert_array_equal(columns[1], np.arange(4, dtype=np.uint8))
+
+
+def test_columns_refuse_rows_of_the_wrong_size():
+  layouts = (queue.Layout((2,), np.float32),)
+  rows = [np.float32([1, 2, 3]).tobytes()] * 2
+  with pytest.raises(RuntimeError, match="12 bytes each where their call "
+                     "site describes 8"):
+    queue._columns("target", layouts, _packed(1, layouts, rows))
+
+
+def test_the_python_queue_hands_over_runs_of_one_site():
+  q = queues.PythonQueue(1 << 20)
+  for site in (4, 4, 9, 4):
+    q.push(site, [np.float32([site])])
+  runs = q.pop_batch(0.1)
+  assert [[item[0] for item in run] for run in runs] == [[4, 4], [9], [4]]
+  assert q.pop_batch(0.0) == []
