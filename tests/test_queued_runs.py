@@ -173,3 +173,43 @@ def test_the_python_queue_hands_over_runs_of_one_site():
   runs = q.pop_batch(0.1)
   assert [[item[0] for item in run] for run in runs] == [[4, 4], [9], [4]]
   assert q.pop_batch(0.0) == []
+
+
+def test_a_kept_value_holds_its_own_bytes_not_the_batchs(queued):
+  # A host function that keeps a small value it was given keeps only its
+  # run's copy: not the block that held the batch (here 120 KB of another
+  # site's calls), and aligned wherever the run lay in the block.
+  kept = []
+
+  @hostcall.jit
+  def f(x):
+    # Runs of two calls of a site (a run of one is read call by call), of
+    # one byte, then of four at an odd place in the block.
+    def byte(c, k):
+      hostcall.debug_callback(kept.append, (c + k).astype(jnp.int8))
+      return c, None
+    jax.lax.scan(byte, x, jnp.arange(2))
+
+    def word(c, k):
+      hostcall.debug_callback(kept.append, c + k)
+      return c, None
+    jax.lax.scan(word, x, jnp.arange(2))
+
+    def large(c, k):
+      hostcall.debug_callback(lambda v: None,
+                              jnp.full(15_000, c + k, jnp.float32))
+      return c, None
+    jax.lax.scan(large, x, jnp.arange(2))
+    return x
+
+  for i in range(20):
+    f(jnp.int32(i))
+  hostcall.barrier()
+  assert [int(v) for v in kept] == [
+      i + k for i in range(20) for _ in range(2) for k in range(2)]
+  for value in kept:
+    root = value
+    while isinstance(root.base, np.ndarray):
+      root = root.base
+    assert root.nbytes <= 64, root.nbytes
+    assert value.flags.aligned

@@ -263,15 +263,17 @@ def _columns(target, layouts, items) -> list:
       width = layout.dtype.itemsize
       if (layout.dtype.kind in "biufc" and rows.shape[1] % width == 0
           and at % width == 0):
-        # Read as its dtype, then copied: a copy of typed elements, many
-        # times quicker than one of 4- or 8-byte rows of bytes.
+        # Read as its dtype: a copy of typed elements, many times quicker
+        # than one of 4- or 8-byte rows of bytes.
         start = at // width
         column = rows.view(layout.dtype)[:, start:start + layout.count]
       else:
-        column = np.ascontiguousarray(rows[:, at:at + layout.nbytes]).view(
-            layout.dtype)
+        column = rows[:, at:at + layout.nbytes]
       at += layout.nbytes
-      columns.append(np.ascontiguousarray(column).reshape(
+      # Always a copy of its own: a host function that keeps one call's
+      # value must not keep the batch's block (every site's calls) alive,
+      # and its arrays are aligned wherever the run lay in the block.
+      columns.append(np.array(column, order="C").view(layout.dtype).reshape(
           (len(rows), *layout.shape)))
     return columns
   flats = []
