@@ -476,18 +476,18 @@ class Consumer:
     site (see ``_Sites.add``) are read at once: a vectorised target that
     joins calls (a metrics row) gets them all in one ``deliver_steps``,
     any other each in turn, in one call context, each failing alone."""
-    if isinstance(items, list) and len(items) == 1:
-      Consumer._deliver(*items[0])
-      return
-    if (isinstance(items, list)
-        and queues.Unreadable in set(map(type, map(_raw_of, items)))):
-      # Each fails alone: the others are delivered.
-      for item in items:
-        try:
-          Consumer._deliver(*item)
-        except BaseException as exc:  # noqa: BLE001 - the consumer never dies
-          errors.postpone(exc, f"delivering a queued call of site {site}")
-      return
+    if isinstance(items, list):  # (a Packed run is of readable calls)
+      if len(items) == 1:
+        Consumer._deliver(*items[0])
+        return
+      if queues.Unreadable in set(map(type, map(_raw_of, items))):
+        # Each fails alone: the others are delivered.
+        for item in items:
+          try:
+            Consumer._deliver(*item)
+          except BaseException as exc:  # noqa: BLE001 - the consumer never dies
+            errors.postpone(exc, f"delivering a queued call of site {site}")
+        return
     target, contexts, layouts = sites.get(site)
     columns = _columns(target, layouts, items)
     if target.deliver_steps is not None and target.joins_calls:

@@ -270,10 +270,13 @@ class _Recorder:
   def order(self):
     """The value the next queued call (or loop, or branch) takes."""
     if self._pending is not None:
-      operands, params = self._pending
-      self._pending = None
-      self._order = threaded.bind(self._order, operands, **params)
+      self._order = self._bind_pending(returns=True)
     return self._order
+
+  def _bind_pending(self, returns: bool):
+    operands, params = self._pending
+    self._pending = None
+    return threaded.bind(self._order, operands, **params, returns=returns)
 
   @order.setter
   def order(self, value) -> None:
@@ -285,9 +288,7 @@ class _Recorder:
     """Ends the program: its last queued call is bound returning nothing;
     a last loop or branch that queued calls is kept (``threaded.end``)."""
     if self._pending is not None:
-      operands, params = self._pending
-      self._pending = None
-      threaded.bind(self._order, operands, **params, returns=False)
+      self._bind_pending(returns=False)
     else:
       threaded.end(self._order)
 

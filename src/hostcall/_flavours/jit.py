@@ -49,18 +49,18 @@ class _DeferredOutputs:
     return cls(packs, plan)
 
 
-@functools.cache
+#: Whether this process is one CPU device with the native tap queue,
+#: found once (None until then): read by every call of ``hostcall.jit``.
+_ONE_CPU: bool | None = None
+_dispatching_at_top_level = _jax_private.dispatching_at_top_level
+
+
 def _one_cpu_with_the_native_queue() -> bool:
   global _ONE_CPU
-  _ONE_CPU = (jax.default_backend() == "cpu" and jax.device_count() == 1
-              and native.load() is not None)
+  if _ONE_CPU is None:
+    _ONE_CPU = (jax.default_backend() == "cpu" and jax.device_count() == 1
+                and native.load() is not None)
   return _ONE_CPU
-
-
-#: ``_one_cpu_with_the_native_queue()`` once it said yes: read by every
-#: call of ``hostcall.jit``, where a function call costs what is saved.
-_ONE_CPU = False
-_dispatching_at_top_level = _jax_private.dispatching_at_top_level
 
 
 def _queues_on_this_device() -> bool:
@@ -69,7 +69,8 @@ def _queues_on_this_device() -> bool:
   queued from the program itself without a JAX effect
   (``hostcall._core.threaded``); elsewhere (an accelerator, several
   devices) they become outputs."""
-  return mode == "auto" and _one_cpu_with_the_native_queue()
+  return mode == "auto" and (_ONE_CPU if _ONE_CPU is not None
+                             else _one_cpu_with_the_native_queue())
 
 
 #: ``"auto"`` (queued where ``_queues_on_this_device`` says so) or
@@ -114,10 +115,7 @@ class Jitted:
     queueing = self._queueing
 
     def jitted(*args, **kwargs):
-      # _queues_on_this_device() at the top level, inlined: each step
-      # here adds to every call's few microseconds.
-      if (_dispatching_at_top_level() and mode == "auto"
-          and (_ONE_CPU or _one_cpu_with_the_native_queue())):
+      if _dispatching_at_top_level() and _queues_on_this_device():
         # The barrier then waits for this program to have run.
         deferred.queued_since_barrier = True
         # (Forwarding no keywords is the cheaper call.)
