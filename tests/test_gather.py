@@ -138,7 +138,7 @@ def test_taps_are_delivered_in_order_with_no_window(window, recorder):
 def test_the_window_is_seconds_from_0_to_1(given):
   with pytest.raises(ValueError, match=r"the gather window is a number of "
                      r"seconds from 0 to 1\.0; got .*\. The default is "
-                     r"0\.005\."):
+                     r"0\.01\."):
     hostcall.set_gather_window(given)
   assert asynchronous.consumer.gather == asynchronous.DEFAULT_GATHER
 

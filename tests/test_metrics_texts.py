@@ -2,7 +2,9 @@
 ``hostcall_texts.cc``): NumPy's words for every value, at native speed, and
 NumPy's own formatting where the native one cannot."""
 
+import errno
 import json
+import os
 
 import ml_dtypes
 import numpy as np
@@ -143,13 +145,13 @@ def test_jsonl_of_vectors_only_is_written_natively(formatter, tmp_path,
   block = metrics.Block(step=np.arange(4),
                         metrics={"x": np.float32([0.1, 2, 3e7, -0.0])})
   calls = []
-  real = texts.rows
-  monkeypatch.setattr(texts, "rows",
-                      lambda *a, **k: calls.append(a) or real(*a, **k))
+  real = texts.write_rows
+  monkeypatch.setattr(texts, "write_rows",
+                      lambda *a, **k: calls.append(real(*a, **k)) or calls[-1])
   writer = metrics.JsonlWriter(tmp_path / "m.jsonl")
   writer.write(block)
   writer.close()
-  assert len(calls) == 1
+  assert calls == [True]
   assert (tmp_path / "m.jsonl").read_text() == (
       '{"step": 0, "x": 0.1}\n{"step": 1, "x": 2.0}\n'
       '{"step": 2, "x": 3e+07}\n{"step": 3, "x": -0.0}\n')
@@ -164,3 +166,52 @@ def test_many_rows_are_formatted_in_chunks_in_order(formatter, monkeypatch):
                         f"{i}|{v}" for i, v in zip(range(15),
                                                    _numpy_words(values[:15],
                                                                 False))]
+
+
+def test_rows_written_to_a_file_are_the_rows_text_in_chunks(formatter,
+                                                            tmp_path,
+                                                            monkeypatch):
+  monkeypatch.setattr(texts, "_CHUNK_ROWS", 7)
+  values = np.arange(50, dtype=np.float32) / 4
+  pieces, columns = ["", "|", "\n"], [np.arange(50) - 3, values]
+  path = tmp_path / "rows.txt"
+  fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+  try:
+    assert texts.write_rows(fd, pieces, columns, json=False)
+    assert texts.write_rows(fd, pieces, [c[:0] for c in columns], json=False)
+  finally:
+    os.close(fd)
+  assert path.read_bytes() == texts.rows(pieces, columns, json=False)
+  assert path.read_text().splitlines()[8] == "5|2.0"
+
+
+def test_a_failed_write_of_rows_raises_the_oses_error(formatter):
+  if not os.path.exists("/dev/full"):
+    pytest.skip("no /dev/full here")
+  fd = os.open("/dev/full", os.O_WRONLY)
+  try:
+    with pytest.raises(OSError, match="No space left on device") as caught:
+      texts.write_rows(fd, ["", "\n"], [np.float32([1.5, 2.5])], json=True)
+  finally:
+    os.close(fd)
+  assert caught.value.errno == errno.ENOSPC
+  read_only = os.open(os.devnull, os.O_RDONLY)
+  try:
+    with pytest.raises(OSError) as caught:  # not open for writing
+      texts.write_rows(read_only, ["", "\n"], [np.float32([1.5])], json=True)
+  finally:
+    os.close(read_only)
+  assert caught.value.errno == errno.EBADF
+
+
+def test_rows_the_formatter_cannot_take_are_not_written(formatter, tmp_path):
+  fd = os.open(tmp_path / "none.txt", os.O_WRONLY | os.O_CREAT)
+  try:
+    assert not texts.write_rows(fd, ["", "\n"], [np.float16([1.5])],
+                                json=True)
+    assert not texts.write_rows(fd, ["", "|", "\n"],
+                                [np.float32([1.5]), np.float32([1, 2])],
+                                json=True)
+  finally:
+    os.close(fd)
+  assert (tmp_path / "none.txt").read_bytes() == b""

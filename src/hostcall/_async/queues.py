@@ -89,7 +89,7 @@ class NativeQueue:
   """The native queue, read in batches through ctypes (which releases the
   GIL while it waits)."""
 
-  BATCH = 512
+  BATCH = 4096
 
   def __init__(self, lib, capacity: int):
     self.lib = lib

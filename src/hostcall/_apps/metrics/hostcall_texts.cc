@@ -12,6 +12,9 @@
 // floating-point std::to_chars (before GCC 11, LLVM 14), hostcall_format_rows
 // says so (-1) and the writers format with NumPy; the queue still builds.
 
+#include <unistd.h>
+
+#include <cerrno>
 #include <charconv>
 #include <cmath>
 #include <cstdint>
@@ -99,7 +102,39 @@ char* FormatValue(char* out, int64_t kind, const void* column, int64_t row,
   }
 }
 
+// Rows [first, end) into `out`; returns the end of what it wrote.
+char* FormatRows(int64_t first, int64_t end, int64_t columns,
+                 const int64_t* kinds, const void* const* data,
+                 const char* const* pieces, const int64_t* piece_sizes,
+                 bool json, char* out) {
+  for (int64_t r = first; r < end; ++r) {
+    for (int64_t c = 0; c < columns; ++c) {
+      std::memcpy(out, pieces[c], piece_sizes[c]);
+      out += piece_sizes[c];
+      out = FormatValue(out, kinds[c], data[c], r, json);
+    }
+    std::memcpy(out, pieces[columns], piece_sizes[columns]);
+    out += piece_sizes[columns];
+  }
+  return out;
+}
+
 #endif  // HOSTCALL_HAVE_FLOAT_TO_CHARS
+
+// Writes all `size` bytes to `fd` (a write interrupted by a signal is
+// retried); returns 0, or the errno of the write that failed.
+int WriteAll(int fd, const char* bytes, int64_t size) {
+  while (size > 0) {
+    ssize_t n = ::write(fd, bytes, static_cast<size_t>(size));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    bytes += n;
+    size -= n;
+  }
+  return 0;
+}
 
 }  // namespace
 
@@ -126,17 +161,38 @@ int64_t hostcall_format_rows(int64_t rows, int64_t columns,
 #ifndef HOSTCALL_HAVE_FLOAT_TO_CHARS
   return -1;
 #else
-  char* at = out;
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t c = 0; c < columns; ++c) {
-      std::memcpy(at, pieces[c], piece_sizes[c]);
-      at += piece_sizes[c];
-      at = FormatValue(at, kinds[c], data[c], r, json != 0);
-    }
-    std::memcpy(at, pieces[columns], piece_sizes[columns]);
-    at += piece_sizes[columns];
+  return FormatRows(0, rows, columns, kinds, data, pieces, piece_sizes,
+                    json != 0, out) - out;
+#endif
+}
+
+// Formats the rows as hostcall_format_rows does, `chunk_rows` at a time into
+// `out` (hostcall_rows_capacity bytes for `chunk_rows` rows at least), and
+// writes each chunk to `fd` whole: a metrics writer's whole block in one call
+// made without the GIL (each time a thread takes the GIL back costs a Python
+// loop dispatching on another core a hand-off). Returns the bytes written;
+// -1 where this build cannot format floats (nothing written). A failed write
+// stops it with its errno in *error (else 0): what it returns was written,
+// and at most the failed write's part of the rows after it.
+int64_t hostcall_write_rows(int64_t fd, int64_t rows, int64_t columns,
+                            const int64_t* kinds, const void* const* data,
+                            const char* const* pieces,
+                            const int64_t* piece_sizes, int64_t json,
+                            int64_t chunk_rows, char* out, int64_t* error) {
+  *error = 0;
+#ifndef HOSTCALL_HAVE_FLOAT_TO_CHARS
+  return -1;
+#else
+  int64_t written = 0;
+  for (int64_t first = 0; first < rows; first += chunk_rows) {
+    int64_t end = first + chunk_rows < rows ? first + chunk_rows : rows;
+    int64_t size = FormatRows(first, end, columns, kinds, data, pieces,
+                              piece_sizes, json != 0, out) - out;
+    *error = WriteAll(static_cast<int>(fd), out, size);
+    if (*error != 0) return written;
+    written += size;
   }
-  return at - out;
+  return written;
 #endif
 }
 

@@ -21,9 +21,9 @@ class JsonlWriter(Writer):
   form for their own precision (a float32 0.1 is ``0.1``); an array metric
   is a nested JSON list. Non-finite floats are written as ``NaN`` /
   ``Infinity``, as Python's ``json`` module and pandas read them. The file
-  is created afresh (its directory too), and appended to: each block's
-  rows reach it in one write (``flush`` has nothing left to do), at its
-  end as it is then, so that a file truncated from outside (logrotate's
+  is created afresh (its directory too), and appended to: a block's rows
+  reach it in one write (each 65,536 rows of a larger one; ``flush`` has
+  nothing left to do), at its end as it is then, so that a file truncated from outside (logrotate's
   ``copytruncate``) goes on from its new start with whole rows.
 
   Arguments:
@@ -50,7 +50,8 @@ class JsonlWriter(Writer):
     self._fd: int | None = files.open_for_append(self.path)
 
   def write(self, block: Block) -> None:
-    """Appends one line per row of ``block`` (in one write).
+    """Appends one line per row of ``block`` (in one write, where it is not
+    larger than 65,536 rows).
 
     Arguments:
       block: the rows to write.
@@ -61,11 +62,10 @@ class JsonlWriter(Writer):
     # Names are data: written as JSON strings.
     names = [json.dumps(name) for name in columns]
     # Every row at once by the native formatter, where it can.
-    text = texts.rows(
+    if texts.write_rows(
+        self._fd,
         ["{" + names[0] + ": ", *(", " + n + ": " for n in names[1:]), "}\n"],
-        [plain(values) for values in columns.values()], json=True)
-    if text is not None:
-      files.write_all(self._fd, text)
+        [plain(values) for values in columns.values()], json=True):
       return
     # Formatted column by column: about a microsecond a row.
     column_text_lists = [

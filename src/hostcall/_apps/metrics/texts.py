@@ -6,6 +6,7 @@ by NumPy."""
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 
 import numpy as np
@@ -42,6 +43,41 @@ def _native_column(values: np.ndarray) -> np.ndarray | None:
   return np.ascontiguousarray(values)
 
 
+class _Prepared:
+  """What the formatter is handed for some rows: their columns as it reads
+  them, and the pieces, sizes and kinds as C arrays."""
+
+  def __init__(self, lib, pieces: list[str], arrays: list[np.ndarray]):
+    k = len(arrays)
+    encoded = [p.encode("ascii") for p in pieces]
+    self.lib, self.arrays, self.k = lib, arrays, k
+    self.sizes = (ctypes.c_int64 * (k + 1))(*map(len, encoded))
+    self.kinds = (ctypes.c_int64 * k)(*(_KINDS[a.dtype] for a in arrays))
+    self.texts = (ctypes.c_char_p * (k + 1))(*encoded)
+
+  def data(self, start: int = 0):
+    """The columns' addresses, from row ``start`` on."""
+    return (ctypes.c_void_p * self.k)(
+        *(a[start:].ctypes.data for a in self.arrays))
+
+  def buffer(self, rows: int) -> np.ndarray:
+    """A buffer that ``rows`` rows fit in."""
+    return _output(self.lib.held.hostcall_rows_capacity(rows, self.k,
+                                                        self.sizes))
+
+
+def _prepare(pieces: list[str], columns: list[np.ndarray]):
+  """A ``_Prepared`` for ``columns``, or None where they cannot be
+  formatted natively (see ``rows``)."""
+  lib = _library()
+  if lib is None or not columns:
+    return None
+  arrays = [_native_column(c) for c in columns]
+  if any(a is None for a in arrays) or len({len(a) for a in arrays}) != 1:
+    return None
+  return _Prepared(lib, pieces, arrays)
+
+
 def rows(pieces: list[str], columns: list[np.ndarray], json: bool
          ) -> bytes | None:
   """``pieces[0] value pieces[1] value ... pieces[-1]`` for each row of the
@@ -50,32 +86,45 @@ def rows(pieces: list[str], columns: list[np.ndarray], json: bool
   native formatter is not loaded or a column is not an int or float32/64
   vector, or where the library was built without floating-point
   ``std::to_chars``: the caller formats with NumPy then."""
-  lib = _library()
-  if lib is None or not columns:
+  prepared = _prepare(pieces, columns)
+  if prepared is None:
     return None
-  arrays = [_native_column(c) for c in columns]
-  if any(a is None for a in arrays) or len({len(a) for a in arrays}) != 1:
-    return None
-  k = len(arrays)
-  encoded = [p.encode("ascii") for p in pieces]
-  sizes = (ctypes.c_int64 * (k + 1))(*map(len, encoded))
-  kinds = (ctypes.c_int64 * k)(*(_KINDS[a.dtype] for a in arrays))
-  texts = (ctypes.c_char_p * (k + 1))(*encoded)
   chunks = []
   # In chunks of rows: the output buffer is a bound on what they take.
-  for start in range(0, max(len(arrays[0]), 1), _CHUNK_ROWS):
-    part = [a[start:start + _CHUNK_ROWS] for a in arrays]
-    n = len(part[0])
-    data = (ctypes.c_void_p * k)(*(a.ctypes.data for a in part))
-    out = _output(lib.held.hostcall_rows_capacity(n, k, sizes))
+  for start in range(0, max(len(prepared.arrays[0]), 1), _CHUNK_ROWS):
+    n = min(len(prepared.arrays[0]) - start, _CHUNK_ROWS)
+    out = prepared.buffer(n)
     # Through ``lib``, which releases the GIL while it formats.
-    size = lib.hostcall_format_rows(n, k, kinds, data, texts, sizes,
-                                    int(json),
-                                    ctypes.c_char_p(out.ctypes.data))
+    size = prepared.lib.hostcall_format_rows(
+        n, prepared.k, prepared.kinds, prepared.data(start), prepared.texts,
+        prepared.sizes, int(json), ctypes.c_char_p(out.ctypes.data))
     if size < 0:
       return None
     chunks.append(out[:size].tobytes())
   return b"".join(chunks)
+
+
+def write_rows(fd: int, pieces: list[str], columns: list[np.ndarray],
+               json: bool) -> bool:
+  """Writes ``rows(pieces, columns, json)`` to the file ``fd``, formatted
+  and written by one native call without the GIL (a chunk of rows a
+  ``write``, as each reaches the file whole); False where ``rows`` would
+  return None (nothing written). Raises ``OSError`` where a write fails."""
+  prepared = _prepare(pieces, columns)
+  if prepared is None:
+    return False
+  n = len(prepared.arrays[0])
+  chunk = min(n, _CHUNK_ROWS)
+  out = prepared.buffer(chunk)
+  error = ctypes.c_int64(0)
+  # Through ``lib``, which releases the GIL while it formats and writes.
+  written = prepared.lib.hostcall_write_rows(
+      fd, n, prepared.k, prepared.kinds, prepared.data(), prepared.texts,
+      prepared.sizes, int(json), max(chunk, 1),
+      ctypes.c_char_p(out.ctypes.data), ctypes.byref(error))
+  if error.value:
+    raise OSError(error.value, os.strerror(error.value))
+  return written >= 0
 
 
 #: Rows formatted in one native call at most.
