@@ -229,3 +229,46 @@ def test_blocks_that_cannot_be_joined_are_written_one_by_one(monkeypatch):
   # Each block is written once, in order, and counted once.
   assert run.got == [([0], 1), ([1], 1), ([2], 1)]
   assert run.written == 3
+
+
+def _started_writer_thread(monkeypatch, **settings):
+  writers = writer_thread.WriterThread()
+  for name, value in settings.items():
+    monkeypatch.setattr(writers, name, value)
+  return writers
+
+
+def _wait_until(writers, predicate):
+  with writers._lock:
+    assert writers._room.wait_for(predicate, timeout=60)
+
+
+def test_small_blocks_gather_and_whoever_waits_never_waits_out_the_window(
+    monkeypatch):
+  writers = _started_writer_thread(monkeypatch, GATHER_SECONDS=3600.0)
+  run = _FakeRun()
+  writers.put(run, _block(0))
+  poll = threading.Event()
+  for _ in range(12_000):  # the writer took it and gathers (up to a minute)
+    if writers._gathering:
+      break
+    poll.wait(0.005)
+  assert writers._gathering and run.got == []
+  writers.put(run, _block(1, 2))
+  with writers.hurried():  # as a flush, a barrier or a close waits
+    _wait_until(writers, lambda: writers._pending_blocks == 0)
+  assert run.got == [([0, 1, 2], 2)]  # one write
+  assert run.written == 2
+
+
+def test_a_writes_worth_of_blocks_is_written_without_waiting_out_the_window(
+    monkeypatch):
+  block = _block(0)
+  writers = _started_writer_thread(monkeypatch, GATHER_SECONDS=3600.0,
+                                   GATHER_BYTES=3 * block.nbytes)
+  run = _FakeRun()
+  for step in range(3):
+    writers.put(run, _block(step))
+  _wait_until(writers, lambda: writers._pending_blocks == 0)
+  assert [s for steps, _ in run.got for s in steps] == [0, 1, 2]
+  assert run.written == 3

@@ -218,7 +218,8 @@ class RunSink:
     writers (their failures postponed to the next barrier)."""
     with self.lock:
       target = self._put_count
-    self.tally.wait_for(target)
+    with writer_thread.shared.hurried():
+      self.tally.wait_for(target)
     if self._writers_closed:  # read after close: nothing left to flush
       return
     for writer in self.writers:

@@ -3,13 +3,16 @@
 A run's rows arrive as blocks from the taps' delivery; the writer thread
 hands them to the run's host side (a ``Sink``), joining the blocks that wait
 for it with the same columns into one write, so that formatting costs less
-a row. The backlog is bounded: past the bound, whoever hands over a block
+a row. It lets blocks gather for a while first (``GATHER_SECONDS``, unless
+someone waits for them): each time it wakes and takes the GIL costs a Python
+loop dispatching on another core a hand-off. The backlog is bounded: past the bound, whoever hands over a block
 waits. This module knows runs only as ``Sink``s: it imports nothing of
 ``run.py`` or ``runs.py``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -86,12 +89,27 @@ class WriterThread:
   MAX_PENDING_BYTES = 256 << 20
   MAX_PENDING_BLOCKS = 16384
 
+  #: How long blocks wait for others to join them before a write, at most:
+  #: no longer once a write's worth waits (``GATHER_BYTES``, or
+  #: ``MERGE_BLOCKS`` blocks), nor while someone waits for them to be
+  #: written (``hurried``). Large blocks (a ``hostcall.jit`` loop's trip)
+  #: go at once, and are written while the loop goes on; small ones (a
+  #: progress bar's chunk of rows) gather: measured, the loop ran 1.23x its
+  #: plain time rather than 1.29x.
+  GATHER_SECONDS = 0.05
+  GATHER_BYTES = 64 << 10
+
   def __init__(self):
     self._queue: queue.SimpleQueue = queue.SimpleQueue()
     self._lock = threading.Lock()
     self._room = threading.Condition(self._lock)
     self._pending_bytes = self._pending_blocks = 0
     self._thread: threading.Thread | None = None
+    # Wakes the writer out of its gathering (only then: a wake-up a put
+    # would cost the hand-off the gathering saves).
+    self._gathered = threading.Condition(self._lock)
+    self._gathering = False
+    self._hurried = 0
 
   @property
   def is_writer(self) -> bool:
@@ -115,7 +133,39 @@ class WriterThread:
       self._pending_bytes += size
       self._pending_blocks += 1
       self._room.notify_all()  # for whoever watches the backlog
+      wake = self._gathering and self._gathered_enough()
     self._queue.put((sink, block, size))
+    if wake:  # (once the block is there to be joined)
+      with self._lock:
+        self._gathered.notify()
+
+  @contextlib.contextmanager
+  def hurried(self):
+    """While in it, the writer does not let blocks gather: whoever waits
+    for rows to be written (a flush, a barrier, a close) never waits out
+    ``GATHER_SECONDS``."""
+    with self._lock:
+      self._hurried += 1
+      self._gathered.notify()
+    try:
+      yield
+    finally:
+      with self._lock:
+        self._hurried -= 1
+
+  def _gathered_enough(self) -> bool:
+    """Whether the writer should write now (with ``_lock`` held)."""
+    return bool(self._hurried or self._pending_blocks >= self.MERGE_BLOCKS
+                or self._pending_bytes >= self.GATHER_BYTES)
+
+  def _gather(self) -> None:
+    """Lets blocks gather (see ``GATHER_SECONDS``)."""
+    with self._lock:
+      self._gathering = True
+      try:
+        self._gathered.wait_for(self._gathered_enough, self.GATHER_SECONDS)
+      finally:
+        self._gathering = False
 
   #: Blocks the writer joins into one write at most (formatting a row
   #: costs about half as much in a write of thousands as in one of 20).
@@ -125,7 +175,12 @@ class WriterThread:
     forbid_waiting("a metrics writer")
     following = None  # an item taken out that did not join the last write
     while True:
-      sink, block, size = following or self._queue.get()
+      if following is None:
+        sink, block, size = self._queue.get()
+        if block is not RESUME:
+          self._gather()
+      else:  # (a backlog: no gathering)
+        sink, block, size = following
       blocks, sizes, following = [block], size, None
       if block is not RESUME:
         more, more_sizes, following = self._waiting_behind(sink, block)
