@@ -543,3 +543,80 @@ def test_a_stopped_counter_in_a_notebook_is_not_painted_a_success():
   bar.finish(stopped=True)
   assert painted == [("postfix", "stopped"), ("style", "success"),
                      ("style", "danger")]
+
+
+def _flushed_rows(monkeypatch):
+  """The rows each delivery of ``Run.log``'s chunks carried, in order."""
+  from hostcall._apps.metrics import log_target
+  sizes = []
+  real = log_target.LogTarget.deliver_steps
+
+  def deliver_steps(self, stacked, steps, context):
+    sizes.append(steps)
+    return real(self, stacked, steps, context)
+
+  monkeypatch.setattr(log_target.LogTarget, "deliver_steps", deliver_steps)
+  return sizes
+
+
+@pytest.mark.parametrize("jit", [jax.jit, hostcall.jit])
+@pytest.mark.parametrize("length, reverse, flushes", [
+    (1000, False, [250] * 4),
+    (1075, False, [250] * 4 + [70, 5]),  # chunks left over, then steps
+    (1075, True, [250] * 4 + [70, 5]),
+    (240, False, [240]),
+])
+def test_a_bar_flushes_the_taps_of_many_ticks_at_once(
+    monkeypatch, tmp_path, jit, length, reverse, flushes):
+  sizes = _flushed_rows(monkeypatch)
+  run = hostcall.metrics.Run("grouped", root=tmp_path)
+  xs = jnp.arange(length, dtype=jnp.float32) * 0.5
+  out = io.StringIO()
+
+  def step(c, x):
+    run.log(c, x=x)
+    return c + 1, x * 2
+
+  carry, ys = jit(lambda xs: progress.scan(
+      step, 0, xs, every=10, reverse=reverse, file=out, desc="g"))(xs)
+  run.close()
+  assert sizes == flushes
+  expected_x = np.asarray(xs)[::-1] if reverse else np.asarray(xs)
+  rows = hostcall.metrics.read(run.dir)
+  assert rows["step"].tolist() == list(range(length))
+  np.testing.assert_array_equal(rows["x"].to_numpy(np.float32), expected_x)
+  assert int(carry) == length
+  np.testing.assert_array_equal(ys, np.asarray(xs) * 2)
+  assert _final_counts(out, "g") == [f"{length}/{length}"]
+
+
+def test_a_bar_flushes_each_tick_where_the_taps_are_large_or_steered(
+    monkeypatch, tmp_path):
+  sizes = _flushed_rows(monkeypatch)
+  run = hostcall.metrics.Run("large", root=tmp_path)
+
+  def large(c, _):  # 64 KiB of values a step: 10 steps hold 640 KiB
+    run.log(c, v=jnp.full(16384, c, jnp.float32))
+    return c + 1, None
+
+  def small(c, _):
+    run.log(c, v=c * 1.0)
+    return c + 1, None
+
+  jax.jit(lambda: progress.scan(large, 0, length=30, every=10,
+                                file=io.StringIO()))()
+  hostcall.barrier()
+  assert sizes == [10, 10, 10]
+  sizes.clear()
+  seen = []
+
+  def stop_when(status):  # a predicate sees the rows of the chunk before
+    seen.append(run.latest("v"))
+    return False
+
+  jax.jit(lambda: progress.scan(small, 0, length=30, every=10,
+                                file=io.StringIO(), stop_when=stop_when))()
+  hostcall.barrier()
+  run.close()
+  assert sizes == [10, 10, 10]
+  assert [step for step, _ in seen] == [9, 19, 29]

@@ -58,6 +58,14 @@ def _check_every(every):
     _scan.check_every(every, ", or None for the default")
 
 
+#: Steps whose buffered taps reach the host in one flush, at most, in a loop
+#: that is not steered (ticks stay every ``every`` steps): one flush costs
+#: the host far more than a tick (a JSON Lines row logged each step in a
+#: loop of 2000 steps, ticking every 20: 1.10x the plain loop's time with a
+#: flush every 260 steps, 1.23x with one every 20).
+FLUSH_STEPS = 256
+
+
 def scan(f: Callable, init, xs=None, length: int | None = None,
          reverse: bool = False, unroll: int | bool = 1, *,
          desc: str | None = None, every: int | None = None,
@@ -72,7 +80,11 @@ def scan(f: Callable, init, xs=None, length: int | None = None,
     desc: the bar's label.
     every: steps between two updates of the bar (one host call each);
       default: a hundredth of the loop. Taps in ``f`` are delivered in
-      chunks of ``every`` steps too (see ``hostcall.scan``).
+      chunks of ``every`` steps too (see ``hostcall.scan``); in a loop
+      that is not steered (no ``interruptible``, ``time_limit`` or
+      ``stop_when``), in chunks of up to 256 steps (and 1 MiB of their
+      values) where ``every`` is smaller, each after the bar's updates of
+      its steps.
     unit: what a step is called on the bar.
     leave: keep the finished bar on screen; default: only outermost bars.
     file: where the bar is drawn (default: ``tqdm.auto``, the terminal's
@@ -134,7 +146,8 @@ def scan(f: Callable, init, xs=None, length: int | None = None,
       after_chunk=None if not _events.ticks(stop, tqdm_options) else
       lambda state, ys: _events.tick(site, handle, state[0], (state, ys)),
       check=None if stop is None else
-      lambda state, index: _control.check(handle, index, after=state))
+      lambda state, index: _control.check(handle, index, after=state),
+      flush_steps=FLUSH_STEPS)
   (count, carry), ys = out[:2]
   if stop is not None:
     _events.finish(site, handle, out[2])

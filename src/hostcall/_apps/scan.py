@@ -16,6 +16,7 @@ step's tap payload.
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 import threading
 from typing import Any, Callable
@@ -191,7 +192,8 @@ def scan_length(xs, length: int | None, who: str) -> int:
 def scan(f: Callable, init, xs=None, length: int | None = None,
          reverse: bool = False, unroll: int | bool = 1, *,
          every: int = 64, after_chunk: Callable | None = None,
-         check: Callable | None = None) -> Any:
+         check: Callable | None = None,
+         flush_steps: int | None = None) -> Any:
   """``lax.scan`` whose taps reach the host ``every`` steps at a time.
 
   Arguments:
@@ -204,6 +206,11 @@ def scan(f: Callable, init, xs=None, length: int | None = None,
       ``check(carry, index)`` after each chunk (``index`` counts chunks from
       1); a non-zero result skips the chunks left (their ``ys`` rows stay
       zeros) and is returned as a third result.
+    flush_steps: hostcall's applications' hook (progress bars, whose chunk
+      is a tick's): without ``check``, the taps of consecutive chunks are
+      flushed together, up to ``flush_steps`` steps and ``FLUSH_BYTES`` of
+      their values, after the ``after_chunk`` of each (a flush costs the
+      host far more than a tick).
 
   Returns:
     What ``jax.lax.scan`` returns (and, with ``check``, the reason the loop
@@ -237,10 +244,11 @@ def scan(f: Callable, init, xs=None, length: int | None = None,
   if reverse:
     flip = lambda t: jax.tree_util.tree_map(lambda a: jnp.flip(a, 0), t)
     out = scan(f, init, flip(xs), length=length, unroll=unroll, every=every,
-               after_chunk=after_chunk, check=check)
+               after_chunk=after_chunk, check=check, flush_steps=flush_steps)
     return (out[0], flip(out[1]), *out[2:])
 
   flushes = []
+  chunks_a_flush = 1
 
   def body(carry, x):
     # Taps of one step become extra outputs, stacked by the inner scan.
@@ -268,11 +276,17 @@ def scan(f: Callable, init, xs=None, length: int | None = None,
   if check is not None:
     run = _stoppable(run, check)
     init = (init, jnp.int32(0), jnp.int32(0))  # carry, checks, reason
+  elif flush_steps is not None and every < min(flush_steps, steps):
+    chunks_a_flush = _chunks_a_flush(body, init, xs, every,
+                                     min(flush_steps, steps))
 
   full, rest = divmod(steps, every)
   split = lambda t, lo, hi: jax.tree_util.tree_map(lambda a: a[lo:hi], t)
   carry, ys_parts = init, []
-  if full:
+  if chunks_a_flush > 1:
+    carry, ys_parts = _grouped(body, carry, xs, full * every, every,
+                               chunks_a_flush, unroll, after_chunk, flushes)
+  elif full:
     chunked = jax.tree_util.tree_map(
         lambda a: a[:full * every].reshape(full, every, *a.shape[1:]), xs)
     carry, ys = lax.scan(lambda c, x: run(c, x, every), carry,
@@ -289,6 +303,67 @@ def scan(f: Callable, init, xs=None, length: int | None = None,
     (carry, _, reason) = carry
     return carry, ys, reason
   return carry, ys
+
+
+#: The most bytes of tap values a flush of several chunks holds on the device
+#: (see ``scan``'s ``flush_steps``).
+FLUSH_BYTES = 1 << 20
+
+
+def _chunks_a_flush(body, init, xs, every: int, flush_steps: int) -> int:
+  """How many chunks of ``every`` steps one flush takes: ``flush_steps``
+  steps at most, and ``FLUSH_BYTES`` of the values a step's taps buffer
+  (known from tracing one step)."""
+  x = (None if xs is None else
+       jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(
+           a.shape[1:], a.dtype), xs))
+  taps = jax.eval_shape(lambda c, x: body(c, x)[1][1], init, x)
+  step_bytes = sum(math.prod(t.shape) * t.dtype.itemsize for t in taps)
+  if not step_bytes:
+    return 1
+  return max(1, min(flush_steps // every,
+                    FLUSH_BYTES // (step_bytes * every)))
+
+
+def _grouped(body, carry, xs, steps: int, every: int, chunks: int, unroll,
+             after_chunk, flushes):
+  """The first ``steps`` steps (whole chunks of ``every``) as groups of
+  ``chunks`` chunks (and one of the chunks left): ``after_chunk`` after
+  each chunk, one flush of the group's taps after its last chunk. Returns
+  the carry and the ``ys`` of each group loop."""
+  def group(carry, xs_group, count):
+    def chunk(carry, xs_part):
+      carry, (ys, taps) = lax.scan(body, carry, xs_part, length=every,
+                                   unroll=unroll)
+      if after_chunk is not None:
+        after_chunk(carry, ys)
+      return carry, (ys, taps)
+
+    carry, (ys, taps) = lax.scan(chunk, carry, xs_group, length=count)
+    flat = lambda t: jax.tree_util.tree_map(
+        lambda a: a.reshape(count * every, *a.shape[2:]), t)
+    if taps:
+      bind(flat(list(taps)) + [jnp.int32(count * every)],
+           target=flushes[0], kind="call")
+    return carry, flat(ys)
+
+  def stacked(lo, hi, *lead):
+    return None if xs is None else jax.tree_util.tree_map(
+        lambda a: a[lo:hi].reshape(*lead, every, *a.shape[1:]), xs)
+
+  groups, left = divmod(steps // every, chunks)
+  span = chunks * every
+  ys_parts = []
+  if groups:
+    carry, ys = lax.scan(lambda c, x: group(c, x, chunks), carry,
+                         stacked(0, groups * span, groups, chunks),
+                         length=groups)
+    ys_parts.append(jax.tree_util.tree_map(
+        lambda a: a.reshape(groups * span, *a.shape[2:]), ys))
+  if left:
+    carry, ys = group(carry, stacked(groups * span, steps, left), left)
+    ys_parts.append(ys)
+  return carry, ys_parts
 
 
 def _stoppable(run: Callable, check: Callable) -> Callable:
