@@ -608,6 +608,17 @@ def test_a_bar_flushes_each_tick_where_the_taps_are_large_or_steered(
   hostcall.barrier()
   assert sizes == [10, 10, 10]
   sizes.clear()
+
+  def lane(c, _):  # 16 KiB and a step number a step and lane: 3 steps fit
+    run.log(c, v=jnp.full(4096, c, jnp.float32))
+    return c + 1, None
+
+  jax.jit(jax.vmap(lambda c: progress.scan(
+      lane, c, length=16, every=1, file=io.StringIO())[0]))(
+      jnp.zeros(64, jnp.int32))
+  hostcall.barrier()
+  assert sizes == [3, 3, 3, 3, 3, 1]  # the 64 KiB bound is a lane's
+  sizes.clear()
   seen = []
 
   def stop_when(status):  # a predicate sees the rows of the chunk before

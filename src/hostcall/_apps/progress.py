@@ -82,9 +82,11 @@ def scan(f: Callable, init, xs=None, length: int | None = None,
       default: a hundredth of the loop. Taps in ``f`` are delivered in
       chunks of ``every`` steps too (see ``hostcall.scan``); in a loop
       that is not steered (no ``interruptible``, ``time_limit`` or
-      ``stop_when``), in chunks of up to 256 steps (and 1 MiB of their
-      values) where ``every`` is smaller, each after the bar's updates of
-      its steps.
+      ``stop_when``), in chunks of up to 256 steps (and 64 KiB of their
+      values, a vmap lane's) where ``every`` is smaller, each after the
+      bar's updates of its steps; ``f`` is then traced once more, to size
+      them (as ``jax.lax.scan``, ``f`` may be traced more than once: keep
+      Python state, such as a random key split at trace time, out of it).
     unit: what a step is called on the bar.
     leave: keep the finished bar on screen; default: only outermost bars.
     file: where the bar is drawn (default: ``tqdm.auto``, the terminal's

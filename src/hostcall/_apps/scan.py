@@ -210,7 +210,7 @@ def scan(f: Callable, init, xs=None, length: int | None = None,
       is a tick's): without ``check``, the taps of consecutive chunks are
       flushed together, up to ``flush_steps`` steps and ``FLUSH_BYTES`` of
       their values, after the ``after_chunk`` of each (a flush costs the
-      host far more than a tick).
+      host far more than a tick). ``f`` is traced once more to size them.
 
   Returns:
     What ``jax.lax.scan`` returns (and, with ``check``, the reason the loop
@@ -306,8 +306,9 @@ def scan(f: Callable, init, xs=None, length: int | None = None,
 
 
 #: The most bytes of tap values a flush of several chunks holds on the device
-#: (see ``scan``'s ``flush_steps``).
-FLUSH_BYTES = 1 << 20
+#: (see ``scan``'s ``flush_steps``), a vmap lane's: tracing cannot tell how
+#: many lanes a batching of the loop will have, so that the bound is small.
+FLUSH_BYTES = 64 << 10
 
 
 def _chunks_a_flush(body, init, xs, every: int, flush_steps: int) -> int:
