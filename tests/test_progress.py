@@ -631,3 +631,12 @@ def test_a_bar_flushes_each_tick_where_the_taps_are_large_or_steered(
   run.close()
   assert sizes == [10, 10, 10]
   assert [step for step, _ in seen] == [9, 19, 29]
+
+
+def test_a_body_that_fails_to_trace_fails_as_under_lax_scan():
+  def body(c, _):
+    raise ValueError("the body's own error")
+
+  for loop in (jax.lax.scan, progress.scan):
+    with pytest.raises(ValueError, match="the body's own error"):
+      jax.jit(lambda: loop(body, 0, length=300))()

@@ -318,8 +318,12 @@ def _chunks_a_flush(body, init, xs, every: int, flush_steps: int) -> int:
   x = (None if xs is None else
        jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(
            a.shape[1:], a.dtype), xs))
-  taps = jax.eval_shape(lambda c, x: body(c, x)[1][1], init, x)
-  step_bytes = sum(math.prod(t.shape) * t.dtype.itemsize for t in taps)
+  try:
+    taps = jax.eval_shape(lambda c, x: body(c, x)[1][1], init, x)
+  except Exception:  # noqa: BLE001 - the loop's own trace says what fails
+    return 1
+  step_bytes = sum(math.prod(t.shape) * getattr(t.dtype, "itemsize", 8)
+                   for t in taps)
   if not step_bytes:
     return 1
   return max(1, min(flush_steps // every,

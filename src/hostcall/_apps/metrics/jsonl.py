@@ -23,8 +23,9 @@ class JsonlWriter(Writer):
   ``Infinity``, as Python's ``json`` module and pandas read them. The file
   is created afresh (its directory too), and appended to: a block's rows
   reach it in one write (each 65,536 rows of a larger one; ``flush`` has
-  nothing left to do), at its end as it is then, so that a file truncated from outside (logrotate's
-  ``copytruncate``) goes on from its new start with whole rows.
+  nothing left to do), at its end as it is then, so that a file truncated
+  from outside (logrotate's ``copytruncate``) goes on from its new start
+  with whole rows.
 
   Arguments:
     path: the file to write.

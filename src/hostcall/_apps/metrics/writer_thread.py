@@ -5,8 +5,8 @@ hands them to the run's host side (a ``Sink``), joining the blocks that wait
 for it with the same columns into one write, so that formatting costs less
 a row. It lets blocks gather for a while first (``GATHER_SECONDS``, unless
 someone waits for them): each time it wakes and takes the GIL costs a Python
-loop dispatching on another core a hand-off. The backlog is bounded: past the bound, whoever hands over a block
-waits. This module knows runs only as ``Sink``s: it imports nothing of
+loop dispatching on another core a hand-off. The backlog is bounded: past
+the bound, whoever hands over a block waits. This module knows runs only as ``Sink``s: it imports nothing of
 ``run.py`` or ``runs.py``.
 """
 
