@@ -264,11 +264,15 @@ def scan(f: Callable, init, xs=None, length: int | None = None,
     flushes[:] = [FlushTarget.of(collector.signature())]
     return carry, (y, [v for _, vals, _ in collector.taps for v in vals])
 
+  def flush(taps, n):
+    """One host call delivers ``n`` steps of the body's buffered taps."""
+    if taps:
+      bind(list(taps) + [jnp.int32(n)], target=flushes[0], kind="call")
+
   def run(carry, xs_part, n):
     carry, (ys, taps) = lax.scan(body, carry, xs_part, length=n,
                                  unroll=unroll)
-    if taps:
-      bind(list(taps) + [jnp.int32(n)], target=flushes[0], kind="call")
+    flush(taps, n)
     if after_chunk is not None:
       after_chunk(carry, ys)
     return carry, ys
@@ -285,7 +289,7 @@ def scan(f: Callable, init, xs=None, length: int | None = None,
   carry, ys_parts = init, []
   if chunks_a_flush > 1:
     carry, ys_parts = _grouped(body, carry, xs, full * every, every,
-                               chunks_a_flush, unroll, after_chunk, flushes)
+                               chunks_a_flush, unroll, after_chunk, flush)
   elif full:
     chunked = jax.tree_util.tree_map(
         lambda a: a[:full * every].reshape(full, every, *a.shape[1:]), xs)
@@ -331,7 +335,7 @@ def _chunks_a_flush(body, init, xs, every: int, flush_steps: int) -> int:
 
 
 def _grouped(body, carry, xs, steps: int, every: int, chunks: int, unroll,
-             after_chunk, flushes):
+             after_chunk, flush):
   """The first ``steps`` steps (whole chunks of ``every``) as groups of
   ``chunks`` chunks (and one of the chunks left): ``after_chunk`` after
   each chunk, one flush of the group's taps after its last chunk. Returns
@@ -347,9 +351,7 @@ def _grouped(body, carry, xs, steps: int, every: int, chunks: int, unroll,
     carry, (ys, taps) = lax.scan(chunk, carry, xs_group, length=count)
     flat = lambda t: jax.tree_util.tree_map(
         lambda a: a.reshape(count * every, *a.shape[2:]), t)
-    if taps:
-      bind(flat(list(taps)) + [jnp.int32(count * every)],
-           target=flushes[0], kind="call")
+    flush(flat(list(taps)), count * every)
     return carry, flat(ys)
 
   def stacked(lo, hi, *lead):

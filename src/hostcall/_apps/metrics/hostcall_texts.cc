@@ -119,8 +119,6 @@ char* FormatRows(int64_t first, int64_t end, int64_t columns,
   return out;
 }
 
-#endif  // HOSTCALL_HAVE_FLOAT_TO_CHARS
-
 // Writes all `size` bytes to `fd` (a write interrupted by a signal is
 // retried); returns 0, or the errno of the write that failed.
 int WriteAll(int fd, const char* bytes, int64_t size) {
@@ -135,6 +133,8 @@ int WriteAll(int fd, const char* bytes, int64_t size) {
   }
   return 0;
 }
+
+#endif  // HOSTCALL_HAVE_FLOAT_TO_CHARS
 
 }  // namespace
 
