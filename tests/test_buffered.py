@@ -84,6 +84,29 @@ def test_vmap_gives_taps_the_whole_batch(recorder):
                           (("batch", {"batch_dims": (0,)}),))
 
 
+@pytest.mark.parametrize("jit", [jax.jit, hostcall.jit],
+                         ids=["jax.jit", "hostcall.jit"])
+def test_a_vmap_of_no_lane_taps_empty_batches_as_lax_scan(recorder, jit):
+  # A chunk's flush learns its steps from its buffers where the count,
+  # broadcast to the lanes, has none.
+  xs = jnp.zeros((0, 5))
+  results = {}
+  for name, loop in (("lax", lax.scan),
+                     ("hostcall", functools.partial(hostcall.scan, every=2))):
+    recorder.calls.clear()
+    out = jit(jax.vmap(lambda xs: loop(_step(recorder), 0.0, xs)))(xs)
+    hostcall.barrier()
+    results[name] = (jax.tree_util.tree_map(np.shape, out),
+                     [(label, jax.tree_util.tree_map(np.shape, value),
+                       transforms)
+                      for (label, value), transforms, _ in recorder.calls])
+  assert results["hostcall"] == results["lax"]
+  assert results["lax"][0] == ((0,), (0, 5))
+  batch = (("batch", {"batch_dims": (0,)}),)
+  assert results["lax"][1] == [("a", ((0,), (0,)), (BATCH00,)),
+                               ("b", (0,), batch)] * 5
+
+
 def test_grad_taps_primal_values_once(recorder):
   def step(c, x):
     hcb.id_tap(recorder, c)

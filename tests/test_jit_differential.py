@@ -31,6 +31,8 @@ DIFFERENT = {
     # Rows logged by several calls reach the writer as one block.
     "test_metrics.py::"
     "test_the_writer_joins_waiting_blocks_with_the_same_columns",
+    # Ticks of a bar that reach the host together are drawn once.
+    "test_progress.py::test_ticks_are_few_and_redraws_throttled",
 }
 
 

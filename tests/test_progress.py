@@ -360,6 +360,22 @@ def test_bar_options_are_checked_when_traced(loop, option, value, takes):
   assert _open_bars() == []
 
 
+@pytest.mark.parametrize("loop", ["scan", "fori_loop", "while_loop"])
+def test_an_interruptible_loops_desc_is_checked_as_any_bars(loop):
+  class Unprintable:
+    def __str__(self):
+      raise RuntimeError("no str")
+
+  # (Its label gets " (Ctrl-C stops)" only once it is known to be a str.)
+  with pytest.raises(TypeError, match=r"hostcall.progress: desc= takes a str "
+                     r"or None, got <.*Unprintable object .*> of type "
+                     r"Unprintable\."):
+    jax.jit(lambda: _BAR_LOOPS[loop](desc=Unprintable(),
+                                     interruptible=True))()
+  hostcall.barrier()
+  assert _open_bars() == []
+
+
 def test_a_bar_option_given_a_traced_value_says_to_pass_a_python_value():
   with pytest.raises(TypeError, match=r"ncols= takes an int >= 0 or None, got "
                      r"a traced value \(JitTracer.*pass a Python value"):
@@ -539,7 +555,7 @@ def test_a_stopped_counter_in_a_notebook_is_not_painted_a_success():
   NotebookBar.__module__ = "tqdm.notebook"
 
   bar = bars_module._Bar.__new__(bars_module._Bar)
-  bar.tqdm = NotebookBar()
+  bar.tqdm, bar.stream = NotebookBar(), None  # a widget: no stream
   bar.finish(stopped=True)
   assert painted == [("postfix", "stopped"), ("style", "success"),
                      ("style", "danger")]
@@ -640,3 +656,226 @@ def test_a_body_that_fails_to_trace_fails_as_under_lax_scan():
   for loop in (jax.lax.scan, progress.scan):
     with pytest.raises(ValueError, match="the body's own error"):
       jax.jit(lambda: loop(body, 0, length=300))()
+
+
+def _tick_context(lanes=None):
+  import types
+  return types.SimpleNamespace(
+      device="cpu:0", batch_levels=[] if lanes is None else [(0, lanes)])
+
+
+def test_a_run_of_queued_ticks_draws_each_invocations_last(calls,
+                                                          monkeypatch):
+  # hostcall.jit's queue hands consecutive ticks of one site over at once:
+  # one draw for each stretch of one invocation's ticks, at its furthest
+  # count (ticks of two invocations interleave when two threads run the
+  # same program); an invocation whose predicate reads ticks sees each.
+  from hostcall._apps import bar_events
+  from hostcall._apps import control as control_module
+  ticks = calls("tick", 2)
+  handles = calls("tick", 0)
+  monkeypatch.setattr(control_module.controls, "watches",
+                      lambda handle: handle == 9)
+  after = []
+  monkeypatch.setattr(control_module.controls, "after_tick",
+                      lambda handle, steps, device: after.append(
+                          (handle, steps)))
+  tick = bar_events._Tick(site=1)
+  stacked = [np.array([5, 5, 7, 5, 5, 9, 9], np.int32),  # handles
+             np.array([10, 20, 10, 30, 40, 1, 2], np.int32),  # counts
+             np.zeros((7, 0), np.float32)]  # witnesses
+  tick.deliver_steps(stacked, 7, _tick_context())
+  assert list(zip(handles, ticks)) == [(5, 20), (7, 10), (5, 40), (9, 1),
+                                       (9, 2)]
+  assert after == [(5, 20), (7, 10), (5, 40), (9, 1), (9, 2)]
+
+
+def test_a_run_of_vmapped_ticks_reports_the_furthest_lane_and_running(
+    monkeypatch):
+  from hostcall._apps import bar_events
+  seen = []
+  monkeypatch.setattr(bars_module.bars, "tick",
+                      lambda *args: seen.append(args))
+  tick = bar_events._Tick(site=1)
+  # Three lanes (the batch axis first), two ticks, a while loop's running
+  # lanes.
+  stacked = [np.full((3, 2), 4, np.int32),
+             np.array([[5, 9], [7, 8], [6, 9]], np.int32),
+             np.zeros((3, 2, 0), np.float32),
+             np.array([[1, 0], [1, 1], [1, 0]], np.bool_)]
+  tick.deliver_steps(stacked, 2, _tick_context(lanes=3))
+  assert seen == [(4, "cpu:0", 9, 3, 1)]
+
+
+def test_under_hostcall_jit_a_bar_ends_as_under_jax_jit_and_predicates_see_every_tick(
+    calls):
+  ticks = calls("tick", 2)
+  results = {}
+  for name, jit in (("jax", jax.jit), ("hostcall", hostcall.jit)):
+    out, seen = io.StringIO(), []
+    ticks.clear()
+    bar = jit(lambda: progress.scan(lambda c, _: (c + 1, None), 0,
+                                    length=1000, file=out, desc="fast"))
+    steered = jit(lambda: progress.scan(
+        lambda c, _: (c + 1, None), 0, length=1000, file=out, desc="steered",
+        stop_when=lambda status: seen.append(status.steps) or False))
+    values = [int(bar()[0])]
+    hostcall.barrier()
+    # The device ticks every 1% of the loop; queued, a run of them that
+    # reaches the host together is drawn once, at its last.
+    assert ticks[-1] == 1000 and ticks == sorted(set(ticks))
+    assert set(ticks) <= set(range(10, 1001, 10))
+    ticks.clear()
+    values.append(int(steered().value[0]))
+    hostcall.barrier()
+    assert ticks == list(range(10, 1001, 10))
+    results[name] = (values, seen, _final_counts(out, "fast"),
+                     _final_counts(out, "steered"))
+  assert results["hostcall"] == results["jax"]
+  assert results["jax"] == ([1000, 1000], list(range(10, 1001, 10)),
+                            ["1000/1000"], ["1000/1000"])
+
+
+@pytest.mark.parametrize("loop", ["scan", "fori_loop", "while_loop",
+                                  "steered", "track"])
+@pytest.mark.parametrize("jit", [jax.jit, hostcall.jit],
+                         ids=["jax.jit", "hostcall.jit"])
+def test_a_vmap_of_no_lane_draws_a_bar_of_no_step(loop, jit):
+  # Events of no lane carry no handle: they find the device's latest
+  # invocation of their bar, as a queued open's do.
+  out = io.StringIO()
+  step = lambda c, _: (c + 1, None)
+  body = {
+      "scan": lambda x: progress.scan(step, x, length=50, file=out,
+                                      desc="d")[0],
+      "fori_loop": lambda x: progress.fori_loop(
+          0, 50, lambda i, c: c + 1, x, file=out, desc="d"),
+      "while_loop": lambda x: progress.while_loop(
+          lambda c: c < 50, lambda c: c + 1, x, file=out, desc="d"),
+      "steered": lambda x: progress.scan(
+          step, x, length=50, file=out, desc="d",
+          stop_when=lambda status: False).value[0],
+      "track": lambda x: jax.lax.scan(
+          progress.track(step, total=50, file=out, desc="d"), x, None,
+          length=50)[0],
+  }[loop]
+  assert jit(jax.vmap(body))(jnp.zeros((0,))).shape == (0,)
+  hostcall.barrier()  # raises what a host function raised
+  assert _open_bars() == []
+
+
+_FAILING_STREAMS = r'''
+import io, sys
+import jax, hostcall
+from hostcall import progress
+
+class Flaky(io.StringIO):
+  """Takes two writes, then every one raises."""
+  def __init__(self):
+    super().__init__()
+    self.writes = 0
+  def write(self, text):
+    self.writes += 1
+    if self.writes > 2:
+      raise OSError(28, "No space left on device")
+    return super().write(text)
+
+def loop(**options):
+  return lambda x: progress.scan(lambda c, _: (c + 1, None), x, length=50,
+                                 every=5, mininterval=0, **options)
+
+def report(name, run):
+  try:
+    value = run()
+    hostcall.barrier()
+    print(name, "ok", value, flush=True)
+  except Exception as exc:
+    print(name, "raised", type(exc).__name__, flush=True)
+
+for jit in (jax.jit, hostcall.jit):
+  # A steered loop's checks wait for each tick's predicate.
+  seen = []
+  report("steered", lambda: float(jit(loop(
+      file=Flaky(), stop_when=lambda s: seen.append(s.steps) or False))(
+          0.).value[0]))
+  print("predicate saw", seen, flush=True)
+  report("bar", lambda: float(jit(loop(file=Flaky()))(0.)[0]))
+  # tqdm raises while drawing (inside its lock), from the thread that opens
+  report("bad format", lambda: float(jit(loop(
+      file=io.StringIO(), bar_format="{nonexistent}"))(0.)[0]))
+  out = io.StringIO()
+  report("good", lambda: float(jit(loop(file=out))(0.)[0]))
+  print("drawn", out.getvalue().split("\r")[-1].strip(), flush=True)
+
+class Closed:
+  def write(self, text):
+    raise BrokenPipeError(32, "Broken pipe")
+  def flush(self):
+    raise BrokenPipeError(32, "Broken pipe")
+  def isatty(self):
+    return False
+sys.stderr = Closed()
+report("stderr", lambda: float(jax.jit(loop())(0.)[0]))
+sys.stderr = sys.__stderr__
+out = io.StringIO()
+report("after", lambda: float(jax.jit(loop(file=out))(0.)[0]))
+print("drawn", out.getvalue().split("\r")[-1].strip(), flush=True)
+'''
+
+
+def test_a_stream_or_format_that_raises_fails_its_bar_and_hangs_nothing():
+  # tqdm holds a process-wide lock while it draws and lets go only when
+  # drawing returns: a write or a format that raised kept it held, and the
+  # next bar drawn from another thread (or a steered loop's check waiting
+  # for its tick) waited forever.
+  import subprocess
+  import sys
+  proc = subprocess.run([sys.executable, "-c", _FAILING_STREAMS],
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  lines = proc.stdout.splitlines()
+  drawn = "50/50 "
+  def each_jit(open_failure):
+    return [
+        # The predicate saw every tick; the failures reached the barrier.
+        "steered raised CallbackException",
+        "predicate saw [5, 10, 15, 20, 25, 30, 35, 40, 45, 50]",
+        "bar raised CallbackException",
+        # An open that cannot draw fails its computation (hostcall.jit:
+        # queued, reported by the barrier).
+        f"bad format raised {open_failure}",
+        "good ok 50.0"]
+  assert [line for line in lines if not line.startswith("drawn")] == (
+      each_jit("JaxRuntimeError") + each_jit("CallbackException")
+      + ["stderr raised JaxRuntimeError", "after ok 50.0"])
+  assert [line.startswith("drawn 100%") and drawn in line
+          for line in lines if line.startswith("drawn")] == [True] * 3
+
+
+def test_the_guard_can_tell_whether_this_thread_holds_tqdms_locks():
+  # tqdm_guard reads the standard library's private lock state: this fails
+  # loudly where Python renames it (the guard would then release nothing).
+  import multiprocessing
+  import threading
+
+  import tqdm
+
+  from hostcall._apps import tqdm_guard
+  locks = tqdm.tqdm.get_lock().locks
+  assert {type(lock) for lock in locks} >= {type(threading.RLock())}
+  for lock in [*locks, threading.RLock(), multiprocessing.RLock()]:
+    assert tqdm_guard._held(lock) is False
+    with lock:
+      assert tqdm_guard._held(lock) is True
+    assert tqdm_guard._held(lock) is False
+  # A call that raised while holding them lets go; one already held stays.
+  with pytest.raises(KeyError):
+    with tqdm_guard.unlocked_on_failure():
+      tqdm.tqdm.get_lock().acquire()
+      raise KeyError("drawing failed")
+  assert [tqdm_guard._held(lock) for lock in locks] == [False] * len(locks)
+  with tqdm.tqdm.get_lock():
+    with pytest.raises(KeyError):
+      with tqdm_guard.unlocked_on_failure():
+        raise KeyError("drawing failed")
+    assert [tqdm_guard._held(lock) for lock in locks] == [True] * len(locks)

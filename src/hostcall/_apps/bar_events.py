@@ -61,8 +61,16 @@ class _BarTap(_BarEvent, PostponingTarget):
 
 
 def _handle(value) -> int:
-  """The invocation handle an event carries (the same in every lane)."""
-  return int(np.asarray(value).reshape(-1)[0])
+  """The invocation handle an event carries (the same in every lane);
+  ``LATEST`` where it has no lane (a vmap of none)."""
+  return _first(value, LATEST)
+
+
+def _first(value, default: int) -> int:
+  """The number every lane of ``value`` holds, or ``default`` where it has
+  no lane."""
+  value = np.asarray(value).reshape(-1)
+  return int(value[0]) if value.size else default
 
 
 #: The handle a queued open gives its loop (``_Open.queued_answer``).
@@ -100,7 +108,7 @@ class _Open(_BarQuestion):
     return LATEST if self.stop is None else None
 
   def deliver(self, flat_args, context):
-    total = int(np.asarray(flat_args[0]).reshape(-1)[0])
+    total = _first(flat_args[0], -1)
     handle = _bars.bars.open(self.site, context.device,
                              None if total < 0 else total, context,
                              queued=delivering_asynchronously())
@@ -140,13 +148,61 @@ class _Tick(_BarTap):
 
   def deliver(self, flat_args, context):
     handle, count, _, *active = flat_args
-    handle = _resolved(handle, self.site, context)
     running = int(np.count_nonzero(active[0])) if active else None
-    _bars.bars.tick(_handle(handle), context.device, _bars.last_count(count),
-                    _bars.lanes_of(context), running)
-    _control.controls.after_tick(_handle(handle), _bars.last_count(count),
-                                 context.device)
+    self._tick(_resolved(handle, self.site, context),
+               _bars.last_count(count), running, context)
     return ()
+
+  # hostcall.jit's queue hands a run of consecutive ticks over at once.
+  # A bar shows the furthest count, and the run's ticks reach the host at
+  # the same moment, so that only the last tick of each invocation in a
+  # row is drawn; a steered loop's predicate still sees every tick.
+  joins_calls = True
+
+  def deliver_steps(self, stacked, steps, context):
+    handles, counts, _, *active = (
+        _per_call(a, steps, context) for a in stacked)
+    handles = (handles[:, 0] if handles.shape[1]
+               else np.full(steps, LATEST, np.int64))
+    counts = (counts.max(axis=1) if counts.shape[1]
+              else np.zeros(steps, np.int64))
+    running = np.count_nonzero(active[0], axis=1) if active else None
+    found = {}  # a handle carried -> (the invocation's, steered)
+    failure = None
+    for i, handle in enumerate(handles.tolist()):
+      if handle not in found:
+        invocation = _resolved(handle, self.site, context)
+        found[handle] = invocation, _control.controls.watches(invocation)
+      invocation, steered = found[handle]
+      if steered or i + 1 == steps or handles[i + 1] != handle:
+        try:
+          self._tick(invocation, int(counts[i]),
+                     None if running is None else int(running[i]), context)
+        except Exception as exc:  # noqa: BLE001 - raised once all have run
+          # Each tick fails alone: the later ones still reach their
+          # steered loop's checks, which wait for them.
+          failure = failure or exc
+    if failure is not None:
+      raise failure
+
+  def _tick(self, handle: int, count: int, running, context) -> None:
+    try:
+      _bars.bars.tick(handle, context.device, count,
+                      _bars.lanes_of(context), running)
+    finally:
+      # A steered loop's check waits until its predicate has seen this
+      # tick: a bar that fails to draw must not keep the loop waiting.
+      _control.controls.after_tick(handle, count, context.device)
+
+
+def _per_call(column, calls: int, context) -> np.ndarray:
+  """A stacked column (the calls' axis after the batch axes) as one row a
+  call: ``(calls, lanes * values)``."""
+  column = np.asarray(column)
+  rank = len(context.batch_levels) if context else 0
+  if rank:
+    column = np.moveaxis(column, rank, 0)
+  return column.reshape(calls, -1)
 
 
 @target
@@ -175,7 +231,8 @@ class Pace(_BarQuestion):
   containable = False
 
   def deliver(self, flat_args, context):
-    steps = _bars.bars.pace(_handle(flat_args[0]), context.device)
+    steps = _bars.bars.pace(_resolved(flat_args[0], self.site, context),
+                            context.device)
     lanes = tuple(size for _, size in reversed(context.batch_levels))
     return [np.full(lanes, steps, np.int32)]
 
@@ -189,7 +246,8 @@ class _Finish(_BarQuestion):
 
   def deliver(self, flat_args, context):
     handle, reason = flat_args
-    _control.controls.finish(_handle(handle), _handle(reason))
+    _control.controls.finish(_resolved(handle, self.site, context),
+                             _first(reason, 0))
     return ()
 
 

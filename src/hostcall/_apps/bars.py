@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from hostcall._apps.tqdm_guard import Guarded, tqdm_class, unlocked_on_failure
 from hostcall._async import queue as _queue
 from hostcall._core.barriers import add_barrier_hook, barrier_started
 from hostcall._core.calls import add_abort_hook
@@ -45,17 +46,27 @@ class BarSpec:
   all_processes: bool
   options: tuple  # further tqdm keyword arguments, as sorted items
 
-  def make(self, total):
-    if self.file is None:
-      from tqdm.auto import tqdm
-    else:
-      from tqdm import tqdm
+  def make(self, total, stream: "Guarded | None"):
+    """A tqdm bar drawing on ``stream`` (``guard``'s: None for a notebook
+    widget)."""
+    tqdm = tqdm_class(self.file)
     options = dict(mininterval=TICK_INTERVAL,
                    dynamic_ncols=self.file is None)
     options.update(self.options)
     return tqdm(total=total, desc=self.desc, unit=self.unit,
-                position=self.position, leave=self.leave, file=self.file,
+                position=self.position, leave=self.leave, file=stream,
                 **options)
+
+  def guard(self) -> "Guarded | None":
+    """What a bar draws on: the spec's file (or the terminal's stderr), its
+    failures kept for hostcall to raise; None where tqdm draws a notebook
+    widget."""
+    if self.file is None:
+      if tqdm_class(None).__module__.startswith("tqdm.notebook"):
+        return None
+      import sys
+      return Guarded(sys.stderr)
+    return Guarded(self.file)
 
 
 class _Bar:
@@ -71,7 +82,17 @@ class _Bar:
     self.opened = time.monotonic()
     self.lanes: int | None = None
     self.running: dict[Any, int] = {}
-    self.tqdm = spec.make(total)
+    self.stream = spec.guard()
+    with unlocked_on_failure():
+      self.tqdm = spec.make(total, self.stream)
+    try:
+      self._drawn()
+    except BaseException:
+      # Not opened: the bar tqdm made must not keep its row.
+      with unlocked_on_failure():
+        self.tqdm.close()
+      self.stream.failure = None
+      raise
 
   @property
   def is_open(self) -> bool:
@@ -88,28 +109,41 @@ class _Bar:
         postfix.append(f"lanes {sum(self.running.values())}/{self.lanes}")
       else:
         postfix.append(f"lanes {self.lanes}")
-    if postfix:
-      self.tqdm.set_postfix_str(", ".join(postfix), refresh=False)
-    if final:
-      # Closing draws the final state once; an update now would draw the
-      # same line twice where the output is not a terminal.
-      self.tqdm.n = n
-    elif n > self.tqdm.n:
-      self.tqdm.update(n - self.tqdm.n)  # redraws at most every mininterval
+    with unlocked_on_failure():
+      if postfix:
+        self.tqdm.set_postfix_str(", ".join(postfix), refresh=False)
+      if final:
+        # Closing draws the final state once; an update now would draw the
+        # same line twice where the output is not a terminal.
+        self.tqdm.n = n
+      elif n > self.tqdm.n:
+        self.tqdm.update(n - self.tqdm.n)  # redraws at most every mininterval
+    self._drawn()
+
+  def _drawn(self) -> None:
+    """Raises what the stream raised while tqdm drew (see ``Guarded``)."""
+    if self.stream is not None:
+      self.stream.raise_failure()
 
   def finish(self, stopped: bool = False) -> None:
     if self.tqdm is None:
       return
-    if stopped:
-      self.tqdm.set_postfix_str("stopped", refresh=False)
-    self.tqdm.close()
-    if stopped and self.tqdm.total is None:
-      # A notebook's widget marks a bar that closed short of its total as
-      # failed, any other as a success: a stopped counter is no success.
-      paint = getattr(self.tqdm, "disp", None)
-      if paint is not None and type(self.tqdm).__module__ == "tqdm.notebook":
-        paint(bar_style="danger", check_delay=False)
-    self.tqdm = None
+    try:
+      with unlocked_on_failure():
+        if stopped:
+          self.tqdm.set_postfix_str("stopped", refresh=False)
+        self.tqdm.close()
+        if stopped and self.tqdm.total is None:
+          # A notebook's widget marks a bar that closed short of its total
+          # as failed, any other as a success: a stopped counter is no
+          # success.
+          paint = getattr(self.tqdm, "disp", None)
+          if (paint is not None
+              and type(self.tqdm).__module__ == "tqdm.notebook"):
+            paint(bar_style="danger", check_delay=False)
+    finally:
+      self.tqdm = None
+    self._drawn()
 
 
 class _Invocation:

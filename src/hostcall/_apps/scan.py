@@ -84,7 +84,9 @@ class FlushTarget(PostponingTarget):
   def deliver(self, flat_args, context: CallContext):
     *buffers, count = flat_args
     lead = (slice(None),) * len(context.batch_levels)
-    n = int(np.asarray(count).reshape(-1)[0])
+    # (Under a vmap of no lane the count has none: the buffers say it.)
+    n = (int(np.asarray(count).reshape(-1)[0]) if np.size(count)
+         else np.shape(buffers[0])[len(context.batch_levels)])
     taps, vectorised = [], []
     offset = 0
     for tap_target, size, tap_context in zip(self.targets, self.sizes,
@@ -99,7 +101,7 @@ class FlushTarget(PostponingTarget):
     # step, so no later step's host call runs, as in lax.scan.
     outer = swap_call_context(None)
     try:
-      for step in range(n):
+      for step in range(n if taps else 0):
         index = lead + (step, Ellipsis)
         for tap_target, tap_buffers, tap_context in taps:
           swap_call_context(tap_context)

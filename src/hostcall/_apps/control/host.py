@@ -258,6 +258,12 @@ class _Controls(calls.Containment):
 
   # -- the host's decisions ------------------------------------------------
 
+  def watches(self, handle: int) -> bool:
+    """Whether ``after_tick`` runs a predicate for ``handle``'s ticks."""
+    with self._lock:
+      found = self._open.get(handle)
+    return found is not None and found[1].stop_when is not None
+
   def after_tick(self, handle: int, steps: int, device) -> None:
     """Runs the invocation's ``stop_when`` (from the delivery thread, after
     the chunk's tick and the rows it logged)."""
