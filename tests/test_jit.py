@@ -278,6 +278,32 @@ def test_taps_in_while_loops_and_conds(mode):
   assert (log.threads == {"hostcall-consumer"}) is queued
 
 
+def test_taps_in_a_vmapped_while_loop_whose_predicate_is_batched(mode):
+  # vmap keeps a batched predicate in the loop (its body selects each
+  # lane's carry): the loop runs while any lane's holds.
+  def program(log, limits):
+    def loop(limit):
+      def body(c):
+        hcb.id_tap(log.tap("step"), c)
+        return c + 1
+      return lax.while_loop(lambda c: c < limit, body, 0)
+    return jax.vmap(loop)(limits)
+
+  limits = np.array([1, 3], np.int32)
+  seen = {}
+  for name, jit in (("jax", jax.jit), ("hostcall", hostcall.jit)):
+    log = Log()
+    out = jit(functools.partial(program, log))(limits)
+    hostcall.barrier()
+    seen[name] = (out.tolist(), log.calls)
+  assert seen["hostcall"] == seen["jax"]
+  batch = (("batch", {"batch_dims": (0,)}),)
+  # Every lane's carry at each step the loop ran (a finished lane's stays).
+  assert seen["jax"] == ([1, 3], [("step", [0, 0], batch),
+                                  ("step", [1, 1], batch),
+                                  ("step", [1, 2], batch)])
+
+
 def test_a_pure_callback_with_results_stays_and_the_taps_are_deferred():
   log = Log()
 

@@ -544,7 +544,11 @@ def test_a_stopped_counter_in_a_notebook_is_not_painted_a_success():
   from hostcall._apps import bars as bars_module
   painted = []
 
-  class NotebookBar:  # what tqdm.notebook.tqdm does on close
+  from tqdm.notebook import tqdm as notebook_tqdm
+
+  # What tqdm.notebook.tqdm does on close; a subclass of it, as tqdm.auto's
+  # class is in a notebook (defined in tqdm.auto).
+  class NotebookBar(notebook_tqdm):
     total, n = None, 0
     def set_postfix_str(self, s, refresh=True):
       painted.append(("postfix", s))
@@ -552,10 +556,13 @@ def test_a_stopped_counter_in_a_notebook_is_not_painted_a_success():
       painted.append(("style", "success"))
     def disp(self, bar_style=None, check_delay=True):
       painted.append(("style", bar_style))
-  NotebookBar.__module__ = "tqdm.notebook"
+    def __del__(self):
+      pass
+  NotebookBar.__module__ = "tqdm.auto"
 
   bar = bars_module._Bar.__new__(bars_module._Bar)
-  bar.tqdm, bar.stream = NotebookBar(), None  # a widget: no stream
+  # A widget: no stream. (Not constructed: no widget library here.)
+  bar.tqdm, bar.stream = object.__new__(NotebookBar), None
   bar.finish(stopped=True)
   assert painted == [("postfix", "stopped"), ("style", "success"),
                      ("style", "danger")]
@@ -668,8 +675,9 @@ def test_a_run_of_queued_ticks_draws_each_invocations_last(calls,
                                                           monkeypatch):
   # hostcall.jit's queue hands consecutive ticks of one site over at once:
   # one draw for each stretch of one invocation's ticks, at its furthest
-  # count (ticks of two invocations interleave when two threads run the
-  # same program); an invocation whose predicate reads ticks sees each.
+  # count (the ticks of steered loops, whose opens are not queued, carry
+  # their invocation's handle, and two threads running the same program
+  # interleave them); an invocation whose predicate reads ticks sees each.
   from hostcall._apps import bar_events
   from hostcall._apps import control as control_module
   ticks = calls("tick", 2)
@@ -784,13 +792,29 @@ def loop(**options):
   return lambda x: progress.scan(lambda c, _: (c + 1, None), x, length=50,
                                  every=5, mininterval=0, **options)
 
+class HungUp(io.StringIO):
+  """A terminal that hung up after the bar opened: tqdm's own wrapper
+  stops drawing on EIO, as on a closed file."""
+  def __init__(self, failure):
+    super().__init__()
+    self.failure, self.writes = failure, 0
+  def write(self, text):
+    self.writes += 1
+    if self.writes > 1:
+      raise self.failure
+    return super().write(text)
+
 def report(name, run):
+  import re
   try:
     value = run()
     hostcall.barrier()
     print(name, "ok", value, flush=True)
   except Exception as exc:
-    print(name, "raised", type(exc).__name__, flush=True)
+    # How many failures the barrier counted, where it says.
+    count = re.search(r"(\d+) tap function call", str(exc))
+    print(name, "raised", type(exc).__name__,
+          *([count.group(1)] if count else []), flush=True)
 
 for jit in (jax.jit, hostcall.jit):
   # A steered loop's checks wait for each tick's predicate.
@@ -800,6 +824,11 @@ for jit in (jax.jit, hostcall.jit):
           0.).value[0]))
   print("predicate saw", seen, flush=True)
   report("bar", lambda: float(jit(loop(file=Flaky()))(0.)[0]))
+  for failure in (OSError(5, "Input/output error"),
+                  ValueError("I/O operation on closed file.")):
+    report("hung up", lambda: float(jit(loop(file=HungUp(failure)))(0.)[0]))
+    report("hung up, steered", lambda: float(jit(loop(
+        file=HungUp(failure), stop_when=lambda s: False))(0.).value[0]))
   # tqdm raises while drawing (inside its lock), from the thread that opens
   report("bad format", lambda: float(jit(loop(
       file=io.StringIO(), bar_format="{nonexistent}"))(0.)[0]))
@@ -837,16 +866,20 @@ def test_a_stream_or_format_that_raises_fails_its_bar_and_hangs_nothing():
   drawn = "50/50 "
   def each_jit(open_failure):
     return [
-        # The predicate saw every tick; the failures reached the barrier.
-        "steered raised CallbackException",
+        # The predicate saw every tick; the failure reached the barrier,
+        # once: after it the bar draws nothing more.
+        "steered raised CallbackException 1",
         "predicate saw [5, 10, 15, 20, 25, 30, 35, 40, 45, 50]",
-        "bar raised CallbackException",
+        "bar raised CallbackException 1",
+        # tqdm stops drawing a bar on EIO and a closed file, quietly.
+        "hung up ok 50.0", "hung up, steered ok 50.0",
+        "hung up ok 50.0", "hung up, steered ok 50.0",
         # An open that cannot draw fails its computation (hostcall.jit:
         # queued, reported by the barrier).
         f"bad format raised {open_failure}",
         "good ok 50.0"]
   assert [line for line in lines if not line.startswith("drawn")] == (
-      each_jit("JaxRuntimeError") + each_jit("CallbackException")
+      each_jit("JaxRuntimeError") + each_jit("CallbackException 1")
       + ["stderr raised JaxRuntimeError", "after ok 50.0"])
   assert [line.startswith("drawn 100%") and drawn in line
           for line in lines if line.startswith("drawn")] == [True] * 3
@@ -879,3 +912,94 @@ def test_the_guard_can_tell_whether_this_thread_holds_tqdms_locks():
       with tqdm_guard.unlocked_on_failure():
         raise KeyError("drawing failed")
     assert [tqdm_guard._held(lock) for lock in locks] == [True] * len(locks)
+
+
+def test_a_bar_that_fails_to_open_leaves_no_row_behind():
+  # tqdm registers a bar (for the rows bars take) before it draws it.
+  import gc
+
+  import tqdm
+  before = len(tqdm.tqdm._instances)
+  for _ in range(3):
+    # (Under hostcall.jit the open is queued: the barrier reports it.)
+    with pytest.raises(Exception, match="nonexistent"):
+      jax.jit(lambda: progress.scan(lambda c, _: (c + 1, None), 0,
+                                    length=10, file=io.StringIO(),
+                                    bar_format="{nonexistent}"))()
+      hostcall.barrier()
+  hostcall.barrier()
+  gc.collect()
+  assert len(tqdm.tqdm._instances) == before
+  assert _open_bars() == []
+
+
+def test_a_notebooks_bar_class_is_told_by_its_base():
+  # In a notebook, tqdm.auto's class is a subclass of tqdm.notebook's
+  # defined in tqdm.auto: it draws a widget, on no stream of hostcall's.
+  import tqdm
+  from tqdm.notebook import tqdm as notebook_tqdm
+
+  from hostcall._apps import tqdm_guard
+
+  class AutoNotebook(notebook_tqdm):
+    pass
+  AutoNotebook.__module__ = "tqdm.auto"
+  assert tqdm_guard.is_notebook_bar(AutoNotebook)
+  assert not tqdm_guard.is_notebook_bar(tqdm.tqdm)
+  spec = bars_module.BarSpec(desc=None, total=3, unit="it", position=0,
+                             leave=True, file=None, all_processes=False,
+                             options=())
+  original = tqdm_guard.tqdm_class
+  try:
+    tqdm_guard.tqdm_class = lambda file: AutoNotebook
+    assert spec.guard() is None
+    tqdm_guard.tqdm_class = lambda file: tqdm.tqdm
+    assert isinstance(spec.guard(), tqdm_guard.Guarded)
+  finally:
+    tqdm_guard.tqdm_class = original
+
+
+def test_closing_every_bar_goes_on_past_one_that_fails():
+  # The barrier closes the bars whose loops never closed them: one that
+  # fails to close must not leave the others open.
+  import time
+
+  class Failing(io.StringIO):
+    closing = False
+
+    def write(self, text):
+      if self.closing:
+        raise OSError(28, "No space left on device")
+      return super().write(text)
+
+  streams = [Failing(), io.StringIO(), Failing()]
+  for k, stream in enumerate(streams):
+    site = bars_module.bars.site(bars_module.BarSpec(
+        desc=f"left open {k}", total=10, unit="it", position=0, leave=True,
+        file=stream, all_processes=False, options=()))
+    bars_module.bars.open(site, "cpu:0", 10)
+  streams[0].closing = streams[2].closing = True
+  with pytest.raises(OSError, match="No space left on device"):
+    bars_module.bars.close_all(opened_before=time.monotonic() + 60)
+  assert _open_bars() == []
+  assert _final_counts(streams[1], "left open 1") == ["0/10"]
+
+
+@pytest.mark.parametrize("every", [10, None])
+def test_a_vmapped_while_loop_under_hostcall_jit_runs_each_lane_to_its_end(
+    every):
+  # Its predicate is batched: under hostcall.jit the loop, rebuilt to queue
+  # its calls, runs while any lane's holds and keeps each finished lane's
+  # carry, as jax.jit's does.
+  results = {}
+  for name, jit in (("jax", jax.jit), ("hostcall", hostcall.jit)):
+    out = io.StringIO()
+    run = jit(jax.vmap(lambda n: progress.while_loop(
+        lambda c: c < n, lambda c: c + 1, 0, every=every, file=out,
+        desc="lanes")))
+    values = run(jnp.array([3, 25])).tolist()
+    hostcall.barrier()
+    results[name] = (values, _final_counts(out, "lanes"),
+                     "lanes 2" in out.getvalue())
+  assert results["hostcall"] == results["jax"]
+  assert results["jax"][0] == [3, 25] and results["jax"][2]

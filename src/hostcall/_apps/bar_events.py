@@ -178,7 +178,7 @@ class _Tick(_BarTap):
         try:
           self._tick(invocation, int(counts[i]),
                      None if running is None else int(running[i]), context)
-        except Exception as exc:  # noqa: BLE001 - raised once all have run
+        except BaseException as exc:  # noqa: BLE001 - raised after the rest
           # Each tick fails alone: the later ones still reach their
           # steered loop's checks, which wait for them.
           failure = failure or exc

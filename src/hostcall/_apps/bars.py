@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from hostcall._apps.tqdm_guard import Guarded, tqdm_class, unlocked_on_failure
+from hostcall._apps import tqdm_guard
 from hostcall._async import queue as _queue
 from hostcall._core.barriers import add_barrier_hook, barrier_started
 from hostcall._core.calls import add_abort_hook
@@ -46,27 +46,27 @@ class BarSpec:
   all_processes: bool
   options: tuple  # further tqdm keyword arguments, as sorted items
 
-  def make(self, total, stream: "Guarded | None"):
+  def make(self, total, stream: "tqdm_guard.Guarded | None"):
     """A tqdm bar drawing on ``stream`` (``guard``'s: None for a notebook
     widget)."""
-    tqdm = tqdm_class(self.file)
+    tqdm = tqdm_guard.tqdm_class(self.file)
     options = dict(mininterval=TICK_INTERVAL,
                    dynamic_ncols=self.file is None)
     options.update(self.options)
-    return tqdm(total=total, desc=self.desc, unit=self.unit,
-                position=self.position, leave=self.leave, file=stream,
-                **options)
+    return tqdm_guard.make(tqdm, total=total, desc=self.desc,
+                           unit=self.unit, position=self.position,
+                           leave=self.leave, file=stream, **options)
 
-  def guard(self) -> "Guarded | None":
+  def guard(self) -> "tqdm_guard.Guarded | None":
     """What a bar draws on: the spec's file (or the terminal's stderr), its
     failures kept for hostcall to raise; None where tqdm draws a notebook
     widget."""
     if self.file is None:
-      if tqdm_class(None).__module__.startswith("tqdm.notebook"):
+      if tqdm_guard.is_notebook_bar(tqdm_guard.tqdm_class(None)):
         return None
       import sys
-      return Guarded(sys.stderr)
-    return Guarded(self.file)
+      return tqdm_guard.Guarded(sys.stderr)
+    return tqdm_guard.Guarded(self.file)
 
 
 class _Bar:
@@ -83,13 +83,13 @@ class _Bar:
     self.lanes: int | None = None
     self.running: dict[Any, int] = {}
     self.stream = spec.guard()
-    with unlocked_on_failure():
+    with tqdm_guard.unlocked_on_failure():
       self.tqdm = spec.make(total, self.stream)
     try:
       self._drawn()
     except BaseException:
       # Not opened: the bar tqdm made must not keep its row.
-      with unlocked_on_failure():
+      with tqdm_guard.unlocked_on_failure():
         self.tqdm.close()
       self.stream.failure = None
       raise
@@ -109,7 +109,7 @@ class _Bar:
         postfix.append(f"lanes {sum(self.running.values())}/{self.lanes}")
       else:
         postfix.append(f"lanes {self.lanes}")
-    with unlocked_on_failure():
+    with tqdm_guard.unlocked_on_failure():
       if postfix:
         self.tqdm.set_postfix_str(", ".join(postfix), refresh=False)
       if final:
@@ -121,7 +121,8 @@ class _Bar:
     self._drawn()
 
   def _drawn(self) -> None:
-    """Raises what the stream raised while tqdm drew (see ``Guarded``)."""
+    """Raises what the stream raised while tqdm drew (see
+    ``tqdm_guard.Guarded``)."""
     if self.stream is not None:
       self.stream.raise_failure()
 
@@ -129,7 +130,7 @@ class _Bar:
     if self.tqdm is None:
       return
     try:
-      with unlocked_on_failure():
+      with tqdm_guard.unlocked_on_failure():
         if stopped:
           self.tqdm.set_postfix_str("stopped", refresh=False)
         self.tqdm.close()
@@ -139,7 +140,7 @@ class _Bar:
           # success.
           paint = getattr(self.tqdm, "disp", None)
           if (paint is not None
-              and type(self.tqdm).__module__ == "tqdm.notebook"):
+              and tqdm_guard.is_notebook_bar(type(self.tqdm))):
             paint(bar_style="danger", check_delay=False)
     finally:
       self.tqdm = None
@@ -331,6 +332,7 @@ class Bars:
     """Closes the open bars (of invocations opened by ``thread``, or before
     ``opened_before``, and every ``track`` counter): their loops ended
     without closing them."""
+    each = _EachAlone()
     with self._lock:
       counters = set(self._steps.values())
       for handle, (_, _, opener, opened) in list(self._open.items()):
@@ -339,7 +341,9 @@ class Bars:
         if (opened_before is not None and opened >= opened_before
             and handle not in counters):
           continue
-        self._end(handle, stopped=stopped, force=opened_before is not None)
+        with each:
+          self._end(handle, stopped=stopped,
+                    force=opened_before is not None)
       if opened_before is not None:
         # An invocation, and a bar, still waiting for a device that never
         # opened it (its computation failed first) once every other device
@@ -351,8 +355,12 @@ class Bars:
         for bar in self._bars.values():
           if (bar.is_open and bar.opened < opened_before
               and id(bar) not in waiting):
-            bar.show(final=True)
-            bar.finish(stopped=True)
+            with each:
+              try:
+                bar.show(final=True)
+              finally:
+                bar.finish(stopped=True)
+    each.raise_first()
 
   def _release(self, group: tuple[int, int]) -> None:
     """Every device of the invocation ``group`` has ended (or never will):
@@ -421,6 +429,28 @@ bars = Bars()
 #: on one device, run one at a time: once the queue is delivered, a bar
 #: such an open left open is the failing computation's).
 QUEUED = "queued"
+
+
+class _EachAlone:
+  """``with each:`` around each of several steps: one that raises does not
+  stop the others (a bar that fails to close must not leave the others
+  open); ``raise_first()`` once all have run."""
+
+  def __init__(self):
+    self.failure: Exception | None = None
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, kind, failure, traceback):
+    if not isinstance(failure, Exception):
+      return None  # none, or an interrupt: it goes on
+    self.failure = self.failure or failure
+    return True
+
+  def raise_first(self) -> None:
+    if self.failure is not None:
+      raise self.failure
 
 
 def _computation_failed() -> None:

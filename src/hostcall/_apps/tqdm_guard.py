@@ -37,6 +37,47 @@ def _held(lock) -> bool | None:
     return None
 
 
+def make(tqdm, **options):
+  """``tqdm(**options)``, and where that raises, tqdm forgets the bar: it
+  registers a bar (for the rows bars take) before it draws it, and a bar
+  that failed to open would keep its row, and be visited by
+  ``tqdm.write`` and tqdm's monitor thread, as long as the failure's
+  traceback lives."""
+  bar = tqdm.__new__(tqdm)
+  try:
+    bar.__init__(**options)
+  except BaseException:
+    forget = getattr(tqdm, "_decr_instances", None)
+    if forget is not None:
+      forget(bar)
+    raise
+  return bar
+
+
+def is_notebook_bar(tqdm) -> bool:
+  """Whether the bar class ``tqdm`` draws a notebook's widget (in a
+  notebook, tqdm.auto's class is a subclass of tqdm.notebook's)."""
+  try:
+    from tqdm.notebook import tqdm as notebook_tqdm
+  except Exception:  # noqa: BLE001 - no notebook support, no notebook bar
+    return False
+  return isinstance(tqdm, type) and issubclass(tqdm, notebook_tqdm)
+
+
+def _tqdm_stops_drawing_on(failure: Exception) -> bool:
+  """Whether tqdm's own stream wrapper takes ``failure`` and stops drawing
+  the bar: an I/O error (a terminal hung up) or a closed file, as it did
+  before hostcall guarded its streams."""
+  if isinstance(failure, OSError):
+    return failure.errno == 5
+  if isinstance(failure, ValueError):
+    try:
+      return "closed" in str(failure)
+    except Exception:  # noqa: BLE001 - a failure whose str() fails: ours
+      return False
+  return False
+
+
 def tqdm_class(file):
   """The bar class for ``file``: tqdm.auto's (a notebook's widget where
   there is one) for the terminal, the plain one for a stream."""
@@ -54,24 +95,32 @@ class Guarded:
 
   def __init__(self, stream):
     self._stream = stream
-    self.failure: BaseException | None = None
+    self.failure: Exception | None = None
+    # After its first failure the bar draws nothing more: one report, not
+    # one a tick for the rest of a long loop.
+    self.failed = False
 
   def write(self, text):
-    try:
-      return self._stream.write(text)
-    except Exception as exc:  # noqa: BLE001 - raised by the bar's caller
-      self.failure = self.failure or exc
-      return 0
+    return self._call("write", text)
 
   def flush(self):
-    try:
-      flush = self._stream.flush
-    except AttributeError:
+    return self._call("flush")
+
+  def _call(self, name: str, *args):
+    if self.failed:
       return None
     try:
-      return flush()
+      method = getattr(self._stream, name)
+    except AttributeError:
+      if name == "flush":  # a stream without one: nothing to flush
+        return None
+      raise
+    try:
+      return method(*args)
     except Exception as exc:  # noqa: BLE001 - raised by the bar's caller
-      self.failure = self.failure or exc
+      if _tqdm_stops_drawing_on(exc):
+        raise  # tqdm's wrapper takes it (and lets go of its lock)
+      self.failure, self.failed = exc, True
       return None
 
   def raise_failure(self) -> None:

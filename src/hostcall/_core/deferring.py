@@ -445,19 +445,40 @@ def _while(eqn, invals, recorder: _Recorder) -> list:
                        params["cond_nconsts"] + params["body_nconsts"]]
   init = invals[params["cond_nconsts"] + params["body_nconsts"]:]
 
-  def predicate(carry):
-    _, *carry = carry
+  # A vmap of a loop whose predicate is batched keeps it batched: the loop
+  # runs while any lane's holds, and a lane whose predicate fails keeps its
+  # carry, as JAX lowers such a loop (its body runs every lane).
+  batched = bool(cond.out_avals[0].shape)
+
+  def lanes_predicate(carry):
     return jex_core.jaxpr_as_fun(cond)(*cond_consts, *carry)[0]
 
+  def predicate(carry):
+    pred = lanes_predicate(carry[1:])
+    return jnp.any(pred) if batched else pred
+
   def step(carry):
-    inner = _Recorder(order=carry[0])
-    outs = _evaluate(_jaxpr_of(body), body.consts, [*body_consts, *carry[1:]],
+    order, *carry = carry
+    inner = _Recorder(order=order)
+    outs = _evaluate(_jaxpr_of(body), body.consts, [*body_consts, *carry],
                      inner)
+    if batched:
+      running = lanes_predicate(carry)
+      outs = [_select_lanes(running, new, old)
+              for new, old in zip(outs, carry)]
     return [inner.order, *outs]
 
   recorder.order, *outs = jax.lax.while_loop(predicate, step,
                                              [recorder.order, *init])
   return outs
+
+
+def _select_lanes(running, new, old):
+  """``new`` in the lanes (leading axes, ``running``'s) still running,
+  ``old`` in the others."""
+  running = jax.lax.broadcast_in_dim(running, jnp.shape(new),
+                                     tuple(range(jnp.ndim(running))))
+  return jax.lax.select(running, new, old)
 
 
 def _cond(eqn, invals, recorder: _Recorder) -> list:
