@@ -816,6 +816,10 @@ def report(name, run):
     print(name, "raised", type(exc).__name__,
           *([count.group(1)] if count else []), flush=True)
 
+from hostcall._flavours import jit as jit_module
+hostcall.barrier()  # the queue started
+print("queued", jit_module._queues_on_this_device(), flush=True)
+
 for jit in (jax.jit, hostcall.jit):
   # A steered loop's checks wait for each tick's predicate.
   seen = []
@@ -859,13 +863,13 @@ def test_a_stream_or_format_that_raises_fails_its_bar_and_hangs_nothing():
   # for its tick) waited forever.
   import subprocess
   import sys
-  from hostcall._flavours import jit as jit_module
-  hostcall.barrier()  # the queue started: whether hostcall.jit queues
-  queued = jit_module._queues_on_this_device()
   proc = subprocess.run([sys.executable, "-c", _FAILING_STREAMS],
                         capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
-  lines = proc.stdout.splitlines()
+  # Whether the program's hostcall.jit queues its calls (the native queue)
+  # or keeps them live (the Python queue).
+  queued, *lines = proc.stdout.splitlines()
+  queued = queued == "queued True"
   drawn = "50/50 "
   def each_jit(open_failure):
     return [
