@@ -319,7 +319,11 @@ def test_control_while_loop_needs_a_reason_to_stop():
 # --- Ctrl-C, for real: SIGINT to a subprocess ----------------------------------
 
 _INTERRUPTED_LOOP = """
-    import sys, threading, jax, jax.numpy as jnp, numpy as np, hostcall
+    import signal, sys, threading, jax, jax.numpy as jnp, numpy as np, hostcall
+    # Ctrl-C as an interactive Python has it, also where the tests run in
+    # the background (a shell's "&" starts them with SIGINT ignored, and a
+    # child inherits that: the second Ctrl-C then went nowhere).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     from hostcall import host_callback as hcb
     from hostcall._apps.control import controls
 
@@ -373,10 +377,9 @@ def test_ctrl_c_stops_the_loop_and_the_call_returns_its_state():
 
 
 def test_a_second_ctrl_c_raises_keyboard_interrupt_as_before():
-  # Checks seconds apart: the second Ctrl-C comes while the loop still
-  # runs towards its next check. (2,000,000 steps took 0.6 s on the 2-core
-  # box: once, under load, the check came first.)
-  proc = _start(_INTERRUPTED_LOOP.replace("EVERY", "10_000_000"))
+  # Checks a couple of seconds apart: the second Ctrl-C comes while the
+  # loop still runs towards its next check.
+  proc = _start(_INTERRUPTED_LOOP.replace("EVERY", "2_000_000"))
   try:
     assert proc.stdout.readline().strip() == "started"
     proc.send_signal(signal.SIGINT)   # taken: the loop stops at its check
