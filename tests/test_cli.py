@@ -227,6 +227,10 @@ def test_benchmark_smoke_run(tmp_path):
   assert "7. progress bar (hostcall.progress.scan)" in proc.stdout
   assert "7. per-step metrics (hostcall.scan, every=256)" in proc.stdout
   assert "7. ... per-step metrics / the floor" in proc.stdout
+  # Issue 23's row stops its clock once every call is delivered; its
+  # device side and that against XLA's floor are rows of their own.
+  assert "7. progress bar + per-step metrics under hostcall.jit" in proc.stdout
+  assert "7. ... under hostcall.jit, device side / the floor" in proc.stdout
   assert "9. interruptible loop, no bar (Ctrl-C, time limit)" in proc.stdout
   assert "9. ... stopped by a host predicate (stop_when)" in proc.stdout
   assert "10. grad_callback a step under grad, async" in proc.stdout
