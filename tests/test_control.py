@@ -93,6 +93,33 @@ def test_a_loop_that_ends_first_is_not_stopped():
   _assert_prefix_of_uninterrupted(out, 5000)
 
 
+@pytest.mark.parametrize("jit", [jax.jit, hostcall.jit],
+                         ids=["jax.jit", "hostcall.jit"])
+def test_a_stop_at_the_check_after_the_last_step_is_reported(jit):
+  # A time limit already past is read at the first check, which comes after
+  # the last step (one chunk): nothing is skipped, the stop is reported
+  # (docs/control.md), under vmap for a lane that ended there by itself too.
+  bar = io.StringIO()
+  scan = jit(lambda x: hostcall.progress.scan(
+      lambda c, _: (c + 1, c), x, None, length=4, every=4, time_limit=1e-9,
+      file=bar))(jnp.int32(0))
+  loop = jit(lambda n: control.while_loop(
+      lambda c: c < n, lambda c: c + 1, 0, every=3, time_limit=1e-9))(3)
+  lanes = jit(jax.vmap(lambda n: hostcall.progress.while_loop(
+      lambda c: c < n, lambda c: c + 1, 0, every=3, time_limit=1e-9,
+      file=io.StringIO())))(jnp.array([3, 100]))
+  hostcall.barrier()
+  assert (bool(scan.stopped), int(scan.steps), int(scan.reason)) == (
+      True, 4, control.TIME_LIMIT)
+  assert scan.value[0].tolist() == 4 and scan.value[1].tolist() == [0, 1, 2, 3]
+  assert "stopped" in bar.getvalue() and "4/4" in bar.getvalue()
+  assert (bool(loop.stopped), int(loop.steps), int(loop.value)) == (True, 3, 3)
+  assert np.asarray(lanes.stopped).tolist() == [True, True]
+  assert np.asarray(lanes.steps).tolist() == [3, 3]
+  assert np.asarray(lanes.reason).tolist() == [control.TIME_LIMIT] * 2
+  assert np.asarray(lanes.value).tolist() == [3, 3]
+
+
 @pytest.mark.parametrize("loop", ["while_loop", "fori_loop dynamic",
                                   "fori_loop static", "control.while_loop"])
 def test_every_loop_returns_its_state_at_the_stop(loop):

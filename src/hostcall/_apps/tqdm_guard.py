@@ -7,6 +7,7 @@ every later bar drawn from another thread waited forever."""
 from __future__ import annotations
 
 import contextlib
+import errno
 
 
 @contextlib.contextmanager
@@ -69,7 +70,7 @@ def _tqdm_stops_drawing_on(failure: Exception) -> bool:
   the bar: an I/O error (a terminal hung up) or a closed file, as it did
   before hostcall guarded its streams."""
   if isinstance(failure, OSError):
-    return failure.errno == 5
+    return failure.errno == errno.EIO
   if isinstance(failure, ValueError):
     try:
       return "closed" in str(failure)
