@@ -3,7 +3,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: venv demo test test-heavy test-legacy test-matrix test-jax bench docs clean
+.PHONY: venv demo test test-heavy test-compositions test-legacy test-matrix test-jax bench docs clean
 
 # One venv; each extra installed into it once, with its own stamp
 # (.venv/.installed-demo, .venv/.installed-test, ...), so that `make demo`
@@ -28,6 +28,11 @@ test: $(VENV)/.installed-test
 
 test-heavy: venv
 	$(BIN)/python -m pytest -q -m heavy
+
+# The composition matrix's heavier cells and its longer random programs
+# (tests/test_composition_matrix.py; `make test` runs the rest): CI runs it.
+test-compositions: venv
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m heavy tests/test_composition_matrix.py
 
 # Re-runs tests/legacy's programs against jax 0.4.34's host_callback (built in
 # .venv-legacy on first use) and checks tests/legacy/expected_legacy.json.

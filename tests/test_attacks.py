@@ -536,7 +536,9 @@ def test_a_recreated_run_takes_over_and_never_corrupts_its_file(tmp_path):
   step = jax.jit(lambda i: old.log(i, v=i * 1.0))   # compiled for `old`
   step(0)
   hostcall.barrier()
-  new = metrics.Run("exp", root=tmp_path)          # the cell run again
+  # The cell run again, asking to take over the run's files (by default a
+  # second run of a name gets a folder of its own: test_metrics_runs.py).
+  new = metrics.Run("exp", root=tmp_path, exists="overwrite")
   for i in range(1, 4):
     step(i)
   jax.jit(lambda: new.log(9, v=9.0))()

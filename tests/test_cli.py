@@ -189,18 +189,25 @@ def test_demo_without_matplotlib_still_prints_its_summary(tmp_path):
   assert not (tmp_path / "runs" / "demo" / "metrics.png").exists()
 
 
-def test_tour_runs_legacy_taps_under_jit_vmap_and_grad():
+def test_tour_shows_and_runs_each_of_hostcalls_parts():
   proc = _hostcall("tour")
   assert proc.returncode == 0, proc.stderr[-3000:]
   out = proc.stdout
-  assert "what: carry\n1.\nwhat: carry\n2.5\nwhat: carry\n4.25\n" in out
-  assert ("transforms: [('batch', {'batch_dims': (0, 0)})] what: x,x^2\n"
-          "( [2. 3.] [4. 9.] )\n") in out
-  assert "what: x,x^2\n( 3. 9. )\nd/dx x^3 at 3 = 27.0\n" in out
-  assert "grads = [ 3. 12.]" in out
-  assert "eigenvalues = [1. 3.]" in out
-  assert ("barrier_wait raised CallbackException: ValueError: cannot handle "
-          "41.0") in out
+  titles = re.findall(r"^== \d\. (.*)$", out, re.M)
+  assert [t.split(":")[0].split(",")[0].split(" ")[0] for t in titles] == [
+      "JAX's", "hostcall.jit", "progress", "metrics", "steering",
+      "gradients", "the"]
+  # Each step shows its snippet, then what it printed.
+  assert ">>> @hostcall.jit" in out and ">>> for _ in hostcall.progress" in out
+  assert "sorted on the host: [1. 2. 3.]" in out
+  assert ("step sees x = 1.0\nstep sees x = 2.0\nstep sees x = 4.0\n"
+          "x = 8.0\n") in out
+  assert re.search(r"^calls: 100%.* 2/2 \[", out, re.M)
+  assert "[(0, 2.0), (1, 0.5), (2, 0.125)]" in out
+  assert re.search(r"^stopped: True after 1\d00 steps, by stop_when$", out,
+                   re.M)
+  assert "d/dx sin(x) at 0 = [1. 1.]" in out
+  assert "what: x^2\n[4. 9.]" in out
 
 
 @pytest.mark.parametrize("args", [["nope"], ["info", "--extra"], []])

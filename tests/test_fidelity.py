@@ -276,25 +276,80 @@ def test_the_logged_traceback_starts_at_the_host_function_and_names_the_way_back
 
 # --- io callbacks: never on a branch no element takes, never twice -----------
 
-def test_io_callback_under_vmap_of_cond_is_refused_like_jax():
+def test_io_callback_under_vmap_of_cond_runs_for_the_lanes_that_took_it():
+  # JAX refuses; hostcall calls the host for the lanes that took the
+  # branch, and for no other (docs/compatibility.md, differences).
   calls = []
   program = lambda impl: jax.vmap(lambda p, x: lax.cond(
-      p, lambda x: impl(lambda v: (calls.append(1), v)[1], F32, x),
-      lambda x: x, x))(jnp.array([True, False]), jnp.ones(2))
+      p, lambda x: impl(lambda v: (calls.append(float(v)), v)[1], F32, x),
+      lambda x: x, x))(jnp.array([True, False, True]), jnp.arange(3.0))
   jax_out, ours = _both(IO, program)
-  assert jax_out[:2] == ours[:2] == ("error", NotImplementedError)
-  assert "IO effect not supported in vmap-of-cond" in ours[2]
-  assert calls == []
+  assert jax_out[:2] == ("error", NotImplementedError)
+  assert "IO effect not supported in vmap-of-cond" in jax_out[2]
+  assert ours[0] == "ok"
+  np.testing.assert_array_equal(ours[1], [0.0, 1.0, 2.0])
+  assert calls == [0.0, 2.0]
 
 
 def test_io_callback_under_vmap_of_cond_with_unbatched_predicate_too():
   calls = []
-  program = lambda impl: jax.vmap(lambda p, x: lax.cond(
-      p, lambda x: impl(lambda v: (calls.append(float(v)), v)[1], F32, x),
-      lambda x: x, x), in_axes=(None, 0))(True, jnp.arange(2.0))
-  jax_out, ours = _both(IO, program)
-  assert jax_out[:2] == ours[:2] == ("error", NotImplementedError)
+  program = lambda impl, p: jax.vmap(lambda p, x: lax.cond(
+      p, lambda x: impl(lambda v: (calls.append(float(v)), v * 10)[1], F32,
+                        x),
+      lambda x: x, x), in_axes=(None, 0))(p, jnp.arange(2.0))
+  jax_out, ours = _both(IO, lambda impl: program(impl, True))
+  assert jax_out[:2] == ("error", NotImplementedError)
+  assert ours[0] == "ok"
+  np.testing.assert_array_equal(ours[1], [0.0, 10.0])
+  assert calls == [0.0, 1.0]
+  calls.clear()
+  np.testing.assert_array_equal(program(hostcall.io_callback, False),
+                                [0.0, 1.0])
   assert calls == []
+
+
+def test_debug_callbacks_under_vmap_of_cond_see_only_the_lanes_that_took_it():
+  # JAX's run for every lane (#19314); hostcall's for the lanes that took
+  # the branch, each call site with its own lanes, under jit and nested
+  # vmaps, in a switch, and in a jit inside a branch.
+  seen = []
+  record = lambda tag: lambda v: seen.append((tag, float(v)))
+
+  def f(x):
+    inner = jax.jit(lambda x: (hostcall.debug_callback(record("jit"), x),
+                               x)[1])
+    return lax.switch(jnp.int32(x) % 3, [
+        lambda x: (hostcall.debug_callback(record("0"), x), x + 1)[1],
+        lambda x: (hostcall.debug_print("one {}", x), x * 2)[1],
+        lambda x: inner(x) - 1], x)
+
+  xs = jnp.arange(6.0)
+  out = jax.jit(jax.vmap(f))(xs)
+  hostcall.barrier()
+  np.testing.assert_array_equal(out, [1, 2, 1, 4, 8, 4])
+  assert sorted(seen) == [("0", 0.0), ("0", 3.0), ("jit", 2.0), ("jit", 5.0)]
+  seen.clear()
+  out = jax.vmap(jax.vmap(f))(xs.reshape(2, 3))
+  hostcall.barrier()
+  np.testing.assert_array_equal(out.ravel(), [1, 2, 1, 4, 8, 4])
+  assert sorted(seen) == [("0", 0.0), ("0", 3.0), ("jit", 2.0), ("jit", 5.0)]
+  # The same program with JAX's own callback calls for every lane.
+  jax_seen = []
+  jax.vmap(lambda x: lax.cond(x > 1, lambda x: (jax.debug.callback(
+      lambda v: jax_seen.append(float(v)), x), x)[1], lambda x: x, x))(xs)
+  jax.effects_barrier()
+  assert len(jax_seen) == 6
+
+
+def test_a_vectorised_callback_under_vmap_of_cond_gets_the_batch_once():
+  seen = []
+  f = lambda x: lax.cond(x > 1, lambda x: hostcall.io_callback(
+      lambda v: seen.append(v.tolist()), None, x,
+      vmap_method="expand_dims"), lambda x: None, x)
+  jax.vmap(f)(jnp.arange(4.0))
+  jax.vmap(f)(jnp.arange(2.0))  # no lane takes it: no call
+  hostcall.barrier()
+  assert seen == [[0.0, 1.0, 2.0, 3.0]]
 
 
 def _jax_refusal_in_checkpoint() -> str:

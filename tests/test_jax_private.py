@@ -499,3 +499,117 @@ def test_keep_when_unused_keeps_an_effect_free_equation():
   # JAX's dead-code elimination (which jit's lowering runs) keeps the
   # equation of a primitive with the rule, drops the other.
   assert [e.primitive.name for e in kept.eqns] == ["kept_for_test"]
+
+
+def test_io_effects_are_kept_through_partial_evaluation():
+  from jax._src import effects
+  _jax_private.keep_io_in_partial_evaluation()  # installed already: idempotent
+  for effect in (_jax_private.IO_EFFECT, _jax_private.ORDERED_IO_EFFECT):
+    assert effects.partial_eval_kept_effects.contains(effect)
+
+
+def test_keep_calls_in_loop_bodies_wraps_jaxs_scan_hoisting():
+  from jax._src.lax.control_flow import loops
+  hoist = loops._scan_known_hoisting
+  assert getattr(hoist, "_hostcall_keeps", False), (
+      "JAX's scan no longer hoists through loops._scan_known_hoisting: "
+      "find where grad's split of a scan hoists loop-invariant equations")
+  _jax_private.keep_calls_in_loop_bodies(lambda j: True)  # idempotent
+  assert loops._scan_known_hoisting is hoist
+  # Left whole: a body with a call whose operand is a constant keeps it.
+  import hostcall
+
+  def body(c, x):
+    hostcall.debug_callback(lambda v: None, c)
+    return (x + c,)
+  closed = jax.make_jaxpr(body)(1.0, 1.0)
+  n_counts = len(inspect.signature(
+      next(c.cell_contents for c in hoist.__closure__
+           if getattr(c.cell_contents, "__name__", "")
+           == "_scan_known_hoisting")).parameters) - 2
+  jaxpr, consts, hoisted, res = hoist(closed, [np.float32(1.0)],
+                                      *([0] * n_counts))
+  assert hoisted == [] and res == [] and len(consts) == 1
+  assert len(getattr(jaxpr, "jaxpr", jaxpr).invars) == 2
+
+
+def test_not_really_effects_are_jaxs_effect_types():
+  assert _jax_private.NOT_REALLY_EFFECTS
+  assert all(isinstance(t, type) for t in _jax_private.NOT_REALLY_EFFECTS)
+
+
+def test_varying_axes_of_a_shard_map_value():
+  from jax.sharding import Mesh, PartitionSpec as P
+  mesh = Mesh(np.array(jax.devices()[:1]), ("x",))
+  seen = []
+
+  def f(block):
+    seen.append((_jax_private.varying_axes(jax.typeof(block)),
+                 _jax_private.varying_axes(jax.typeof(jnp.float32(1)))))
+    return block
+
+  jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("x"), out_specs=P("x")))(
+      jnp.arange(2.0))
+  assert seen == [(frozenset({"x"}), frozenset())]
+
+
+def test_explain_checkpoint_refusal_adds_to_jaxs_words():
+  import hostcall
+  # Installed by hostcall: JAX's refusal of an io callback in checkpoint
+  # under grad carries hostcall's explanation after JAX's own words.
+  _jax_private.explain_checkpoint_refusal(lambda m: m + " EXTRA")  # idempotent
+  f = jax.checkpoint(lambda x: (hostcall.io_callback(
+      lambda v: None, None, x), jnp.sin(x))[1])
+  with pytest.raises(NotImplementedError) as info:
+    jax.grad(f)(1.0)
+  text = str(info.value)
+  assert "Effects not supported in" in text and "hostcall:" in text
+  assert "EXTRA" not in text
+
+
+def test_ordered_effects_start_afresh_after_a_failed_computation():
+  from jax._src import dispatch
+  token_set = type(dispatch.runtime_tokens)
+  assert getattr(token_set.get_token_input, "_hostcall_afresh", False), (
+      "JAX's runtime tokens moved: find where a computation with ordered "
+      "effects takes the previous one's token")
+  _jax_private.start_ordered_effects_afresh_after_a_failure()  # idempotent
+  seen = []
+
+  def host(v):
+    if float(v) < 0:
+      raise ValueError("negative")
+    seen.append(float(v))
+
+  f = jax.jit(lambda x: io_callback(host, None, x, ordered=True))
+  with pytest.raises(Exception, match="negative"):
+    f(-1.0)
+    jax.effects_barrier()
+  f(2.0)  # runs: not failed by the earlier computation's token
+  jax.effects_barrier()
+  jax.effects_barrier()
+  assert seen == [2.0]
+
+
+def test_what_hostcall_jit_reads_of_jaxs_callbacks():
+  def f(x):
+    io_callback(lambda v: None, None, x, ordered=True)
+    y = io_callback(lambda v: v, F32, x)   # result unused: a DropVar
+    del y
+    return x
+
+  eqns = jax.make_jaxpr(f)(1.0).jaxpr.eqns
+  ordered, unused = eqns
+  assert _jax_private.is_ordered_effect(next(iter(ordered.effects)))
+  assert not _jax_private.is_ordered_effect(next(iter(unused.effects)))
+  # A result JAX writes nowhere is a DropVar; a traced one is a variable.
+  from jax._src import core
+  assert _jax_private.is_dropped(core.DropVar(unused.outvars[0].aval))
+  assert not _jax_private.is_dropped(unused.outvars[0])
+  assert _jax_private.user_frame_of(ordered).startswith(__file__)
+  # JAX's eager io callback: the callback called with the values.
+  seen = []
+  _jax_private.io_callback_impl(
+      np.float32(3), callback=lambda v: (seen.append(float(v)), v)[1],
+      result_avals=(), sharding=None, ordered=False)
+  assert seen == [3.0]

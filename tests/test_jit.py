@@ -971,3 +971,144 @@ def test_a_run_of_calls_of_one_site_each_fails_alone_with_its_arguments(
   with pytest.raises(Exception, match="returns_something"):
     jax.jit(lambda x: hostcall.io_callback(returns_something, None, x))(
         np.float32(9)).block_until_ready()
+
+
+def test_calls_made_before_a_failing_pure_callback_are_delivered(mode):
+  # As under jax.jit: what ran before the failure reaches the host. On the
+  # queued route the pure callback runs after the calls queued before it
+  # (it takes their order value); on the outputs route the outputs of a
+  # failed program never come, as documented, so nothing is delivered.
+  seen = []
+
+  def fails_on_odd(v):
+    seen.append(("pure", int(v)))
+    if int(v) % 2:
+      raise ValueError(f"odd {int(v)}")
+    return np.int32(v)
+
+  def f(x):
+    hostcall.debug_callback(lambda v: seen.append(("before", int(v))), x)
+    y = hostcall.pure_callback(fails_on_odd,
+                               jax.ShapeDtypeStruct((), jnp.int32), x)
+    return y + 1
+
+  g = hostcall.jit(f)
+  for i in range(4):
+    if i % 2:
+      with pytest.raises(Exception, match=f"odd {i}"):
+        g(jnp.int32(i)).block_until_ready()
+    else:
+      assert int(g(jnp.int32(i))) == i + 1
+  hostcall.barrier()
+  before = [v for kind, v in seen if kind == "before"]
+  assert [v for kind, v in seen if kind == "pure"] == [0, 1, 2, 3]
+  assert before == ([0, 1, 2, 3] if mode == "queued" else [0, 2])
+  # The same program under jax.jit delivers every one.
+  seen.clear()
+  for i in range(4):
+    try:
+      jax.jit(f)(jnp.int32(i)).block_until_ready()
+    except Exception:  # noqa: BLE001 - the odd ones fail, as above
+      pass
+  hostcall.barrier()
+  assert [v for kind, v in seen if kind == "before"] == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("case", ["positional", "pytree and static keyword",
+                                  "static position"])
+def test_a_trace_time_error_names_the_users_function_and_arguments(case):
+  # As jax.jit's: the function, its file and line, the arguments by name.
+  def step(params, x, scale=1):
+    if params["w"] > x:
+      return x
+    return x * scale
+
+  if case == "positional":
+    fun, kwargs, args = (lambda x, limit: x if x > limit else -x), {}, (
+        1.0, 0.5)
+  elif case == "pytree and static keyword":
+    fun, kwargs, args = step, dict(static_argnames="scale"), (
+        {"w": 1.0}, 2.0)
+  else:
+    fun, kwargs, args = step, dict(static_argnums=2), ({"w": 1.0}, 2.0, 3)
+  call_kwargs = {"scale": 3} if case == "pytree and static keyword" else {}
+  messages = []
+  for jit in (jax.jit, hostcall.jit):
+    with pytest.raises(jax.errors.TracerBoolConversionError) as info:
+      jit(fun, **kwargs)(*args, **call_kwargs)
+    messages.append(str(info.value))
+  assert messages[0] == messages[1]
+  assert "flat_fun" not in messages[1] and "values[" not in messages[1]
+
+
+# --- JAX's own callbacks (issue 42) -------------------------------------------
+
+def _jaxs_callbacks(seen, x):
+  """jax.debug.print, jax.debug.callback (ordered and not) and io_callback
+  (result-less, and with a result nothing reads), at the top level, in a
+  scan, a fori_loop of traced bounds (a while_loop) and a cond."""
+  from jax.experimental import io_callback
+  jax.debug.print("top {x:.2f} {y}", x=x, y=x * 2)
+  jax.debug.callback(lambda v: seen.append(("cb", float(v))), x,
+                     ordered=True)
+  io_callback(lambda v: seen.append(("io", float(v))), None, x, ordered=True)
+  unread = io_callback(lambda v: (seen.append(("unread", float(v))), v)[1],
+                       jax.ShapeDtypeStruct((), jnp.float32), x)
+  del unread
+
+  def body(c, _):
+    jax.debug.callback(lambda v: seen.append(("scan", float(v))), c)
+    return c + 1, None
+  x = lax.scan(body, x, length=2)[0]
+  n = jnp.int32(x) % 3
+  x = lax.fori_loop(0, n, lambda i, c: (jax.debug.print("while {}", c),
+                                        c * 2)[1], x)
+  return lax.cond(x > 10, lambda v: (jax.debug.print("big {}", v), v)[1],
+                  lambda v: (jax.debug.print("small {}", v), -v)[1], x)
+
+
+@pytest.mark.parametrize("start", [1.0, 4.5])
+def test_jaxs_own_callbacks_are_taken_out_as_jax_jit_runs_them(
+    mode, start, capfd):
+  runs = {}
+  for jit in (jax.jit, hostcall.jit):
+    seen = []
+    out = jit(functools.partial(_jaxs_callbacks, seen))(jnp.float32(start))
+    jax.effects_barrier()
+    hostcall.barrier()
+    runs[jit] = (float(out), seen, capfd.readouterr().out)
+  (out, seen, printed), theirs = runs[hostcall.jit], runs[jax.jit]
+  assert out == theirs[0] and printed == theirs[2]
+  # The same calls; JAX's top-level ones (three effects, one token each,
+  # and none) come in any order, hostcall's in program order.
+  assert sorted(seen) == sorted(theirs[1]) and len(seen) == 5
+  if mode == "queued":
+    assert seen[:3] == [("cb", start), ("io", start), ("unread", start)]
+  assert "top" in printed and ("big" in printed or "small" in printed)
+  # On the queued route the program carries no JAX effect (the fast path);
+  # as outputs, a call in a while_loop or cond keeps it as it is.
+  compiled = hostcall.jit(functools.partial(_jaxs_callbacks, []))
+  effects = jax.make_jaxpr(compiled._hostcall_jitted._active)(
+      jnp.float32(start)).effects
+  assert bool(effects) is (mode == "outputs")
+
+
+def test_a_call_that_keeps_the_program_as_it_is_is_named_once(mode):
+  from jax.experimental import io_callback
+
+  def program(x):
+    jax.debug.print("x {}", x)
+    return io_callback(lambda v: v, jax.ShapeDtypeStruct(x.shape, x.dtype),
+                       x) + 1   # its result is read: it must run in place
+
+  compiled = hostcall.jit(program)
+  with pytest.warns(jit_module.HostcallJitWarning) as caught:
+    assert float(compiled(1.0)) == 2.0
+  compiled(2.0)
+  compiled(jnp.ones(2))  # retraced: said once a function, not again
+  hostcall.barrier()
+  assert len(caught) == 1
+  message = str(caught[0].message)
+  assert message.startswith("hostcall.jit: program runs as jax.jit")
+  assert "io_callback at " in message
+  assert __file__ in message and "without results" in message

@@ -32,9 +32,9 @@ def test_rows_logged_while_the_run_is_recreated_are_each_kept_once(tmp_path):
   thread = threading.Thread(target=log_in_background)
   thread.start()
   started.wait()
-  for _ in range(5):  # the notebook cell run again, mid-flight
+  for _ in range(5):  # the run made again, mid-flight, over its files
     runs.append(metrics.Run("race", root=tmp_path,
-                            writers=["jsonl", "memory"]))
+                            writers=["jsonl", "memory"], exists="overwrite"))
   thread.join()
   hostcall.barrier()
   kept = [r for run in runs for r in run.writers[1].records()]
@@ -115,7 +115,8 @@ def test_a_recreated_run_numbers_the_old_functions_rows_with_its_own(tmp_path):
   f = jax.jit(lambda x: old.log(loss=x))
   f(0.0)
   hostcall.barrier()
-  new = metrics.Run("steps", root=tmp_path, writers=["memory"])
+  new = metrics.Run("steps", root=tmp_path, writers=["memory"],
+                    exists="overwrite")
   g = jax.jit(lambda x: new.log(acc=x))
   for i in range(3):
     f(10.0 + i)

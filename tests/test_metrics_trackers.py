@@ -300,6 +300,20 @@ def test_two_wandb_runs_are_two_offline_runs(wandb_offline, tmp_path):
     assert _wandb_values(records) == {("x", 0): value}
 
 
+def test_wandb_refuses_the_names_of_its_own_columns_when_traced(
+    wandb_offline, tmp_path):
+  run = metrics.Run("own-columns", root=tmp_path, writers=["wandb"])
+  with pytest.raises(ValueError, match="the W&B writer refuses the metric "
+                     "name '_step': W&B fills the history column '_step'"):
+    jax.jit(lambda x: run.log(0, _step=x))(1.0)
+  with pytest.raises(ValueError, match=r"the W&B writer keys an array"):
+    jax.jit(lambda x: run.log(0, w=jnp.stack([x, x]), **{"w/1": x}))(1.0)
+  jax.jit(lambda x: run.log(0, step_count=x))(1.0)
+  run.close()
+  assert _wandb_values(_wandb_records(run.writers[0].run)) == {
+      ("step_count", 0): 1.0}
+
+
 # --- CLU ------------------------------------------------------------------------
 
 class CluLikeWriter:
@@ -550,3 +564,80 @@ def test_a_process_other_than_0_writes_sends_or_drops_as_asked(
   assert client.values[f"{prefix}/1"] == b"end"
   # "zero": dropped.
   assert not (tmp_path / "roles-dropped").exists()
+
+
+# --- Every value of a step, names the tools refuse (issue 40) ---------------------
+
+def test_mlflow_keeps_every_value_logged_at_one_step(mlflow_client,
+                                                     tmp_path):
+  run = metrics.Run("again", root=tmp_path, writers=["mlflow", "memory"])
+  ev = jax.jit(lambda x: run.log(2, val=x))
+  for x in (1.0, 2.0, 3.0):
+    ev(x)
+  run.close()
+  history = mlflow_client.get_metric_history(run.writers[0].run_id, "val")
+  assert sorted((m.step, m.value) for m in history) == [
+      (2, 1.0), (2, 2.0), (2, 3.0)]
+
+
+def test_a_clu_writer_gets_every_value_logged_at_one_step(tmp_path):
+  clu = CluLikeWriter()
+  run = metrics.Run("again-clu", root=tmp_path, writers=[clu])
+  ev = jax.jit(lambda x: run.log(2, val=x))
+  for x in (1.0, 2.0, 3.0):
+    ev(x)
+  run.close()
+  assert [(s, v) for s, values in clu.scalars for v in values.values()] == [
+      (2, 1.0), (2, 2.0), (2, 3.0)]
+
+
+@pytest.mark.parametrize("writer", ["mlflow", "clu"])
+def test_an_array_beside_a_metric_named_as_its_element_is_refused(
+    writer, request, tmp_path):
+  if writer == "mlflow":
+    request.getfixturevalue("mlflow_client")
+  spec = "mlflow" if writer == "mlflow" else CluLikeWriter()
+  run = metrics.Run("collide", root=tmp_path, writers=[spec, "memory"])
+  with pytest.raises(ValueError, match=r"the array 'w' \(shape \(2,\)\) and "
+                     r"the metric 'w/0' would both be 'w/0'"):
+    jax.jit(lambda x: run.log(0, w=jnp.stack([x, x]), **{"w/0": x}))(1.0)
+  run.log(0, w=jnp.ones(2), **{"w/2": 1.0})  # not an element: taken
+  run.close()
+
+
+@pytest.mark.parametrize("name", ["acc@1", "loss (train)", "a//b",
+                                  "😀 loss", "x" * 300])
+def test_a_metric_name_mlflow_refuses_is_refused_when_traced(
+    name, mlflow_client, tmp_path):
+  run = metrics.Run("names", root=tmp_path, writers=["mlflow", "jsonl"])
+  with pytest.raises(ValueError) as caught:
+    jax.jit(lambda x: run.log(0, **{name: x}))(1.0)
+  assert f"the MLflow writer refuses the metric name {name!r}" in str(
+      caught.value)
+  assert "MLflow's names may only contain" in str(caught.value)
+  jax.jit(lambda x: run.log(0, ok=x))(1.0)  # the others still reach MLflow
+  run.close()
+  assert [m.value for m in mlflow_client.get_metric_history(
+      run.writers[0].run_id, "ok")] == [1.0]
+  # Without MLflow the name is a column like any other.
+  plain = metrics.Run("names-plain", root=tmp_path, writers=["jsonl"])
+  jax.jit(lambda x: plain.log(0, **{name: x}))(2.0)
+  plain.close()
+  assert metrics.read(plain.dir)[name].tolist() == [2.0]
+
+
+def test_params_mlflow_refuses_are_refused_when_the_run_is_made(
+    mlflow_client, tmp_path):
+  with pytest.raises(ValueError, match=r"the MLflow writer refuses the "
+                     r"parameter 'bad key%': '%' is not among the characters "
+                     r"MLflow takes.*Rename it \(e.g. 'bad key_'\)"):
+    metrics.Run("params", root=tmp_path, writers=["mlflow"],
+                params={"lr": 0.1, "bad key%": 1})
+  with pytest.raises(ValueError, match="more than MLflow's 6000"):
+    metrics.Run("params", root=tmp_path, writers=["mlflow"],
+                params={"notes": "x" * 6001})
+  run = metrics.Run("params", root=tmp_path, writers=["mlflow"],
+                    params={"lr": 0.1, "bad key_": 1})
+  run.close()
+  assert mlflow_client.get_run(run.writers[0].run_id).data.params == {
+      "lr": "0.1", "bad key_": "1"}

@@ -234,8 +234,10 @@ def test_nested_loops_draw_nested_bars():
   assert float(carry) == 12.0
   assert opened == ["outer", "inner", "inner", "inner"]
   specs = {s.desc: s for s in bars_module.bars._by_site}
-  assert (specs["outer"].position, specs["outer"].leave) == (0, True)
-  assert (specs["inner"].position, specs["inner"].leave) == (1, False)
+  # The default leave: tqdm's, only a bar drawn on the top row stays.
+  assert (specs["outer"].position, specs["outer"].leave) == (0, None)
+  assert (specs["inner"].position, specs["inner"].leave) == (1, None)
+  assert specs["outer"].leave_at(0) and not specs["inner"].leave_at(1)
   assert _final_counts(out, "outer")[-1] == "3/3"
   assert _open_bars() == []
 

@@ -21,6 +21,7 @@ programs differ in their last bit.
 
 from __future__ import annotations
 
+import collections
 import functools
 import os
 
@@ -253,6 +254,17 @@ def a_tap_never_changes_a_result(node, outer, flavour):
   assert _same(base[1], tapped[1]), (node, outer, flavour)
 
 
+def _has_cond(node) -> bool:
+  stack = [node]
+  while stack:
+    n = stack.pop()
+    if n[0] in ("cond", "switch"):
+      return True
+    stack.extend(c for c in n[1:] if isinstance(c, tuple))
+    stack.extend(c for c in n[1:] if isinstance(c, list) for c in c)
+  return False
+
+
 def _multiset(calls):
   return sorted((values, shape) for _, values, shape in calls)
 
@@ -264,19 +276,35 @@ def the_host_sees_what_jaxs_flavour_shows_it(node, outer, flavour):
   ours = _outcome(node, outer, flavour)
   if theirs[0] == "error":
     if ours[0] == "ok":
-      # hostcall's one extra: a result-less io callback runs under
-      # jvp/grad, on primal values, where JAX refuses every io callback.
-      assert "IO callbacks do not support JVP" in theirs[1], theirs[1]
+      # hostcall's extras: a result-less io callback runs under jvp/grad,
+      # on primal values, where JAX refuses every io callback; and in a
+      # vmap of cond, for the lanes that took its branch, as hostcall's
+      # debug callback does there.
+      assert any(r in theirs[1] for r in (
+          "IO callbacks do not support JVP",
+          "IO effect not supported in vmap-of-cond")), theirs[1]
+      if "vmap-of-cond" in theirs[1]:
+        debug = _outcome(node, outer, "debug_callback")
+        assert _multiset(debug[2]) == _multiset(ours[2])
       return
-    assert ours[1] == theirs[1] or any(r in ours[1] for r in IO_REFUSALS), (
+    # Or JAX's limit of reverse mode through a while_loop, met by the io
+    # callback hostcall lets run under grad where JAX refused it first.
+    assert (ours[1] == theirs[1] or any(r in ours[1] for r in IO_REFUSALS)
+            or (WHILE_GRAD in ours[1]
+                and "IO callbacks do not support JVP" in theirs[1])), (
         theirs[1], ours[1])
     return
   assert ours[0] == "ok", ours[1]
   assert _same(theirs[1], ours[1])
   # Under vmap too, with calls in a while loop's condition: JAX evaluates
   # it twice per iteration (to decide, then to pick the lanes), and so does
-  # hostcall for these unordered calls.
-  assert _multiset(theirs[2]) == _multiset(ours[2])
+  # hostcall for these unordered calls. In a vmap of cond whose predicate
+  # is batched, JAX calls for every lane and hostcall only for the lanes
+  # that took the branch: a part of JAX's calls, only there.
+  if _multiset(theirs[2]) != _multiset(ours[2]):
+    assert outer[0] > 0 and _has_cond(node), (node, outer)
+    assert not (collections.Counter(_multiset(ours[2]))
+                - collections.Counter(_multiset(theirs[2])))
 
 
 test_a_tap_never_changes_a_result = _settings(EXAMPLES)(

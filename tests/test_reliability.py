@@ -282,3 +282,41 @@ def test_barrier_inside_a_host_function_is_an_error_not_a_deadlock(delivery):
   with pytest.raises(hcb.CallbackException, match="called from inside a "
                      "host function"):
     hostcall.barrier()
+
+
+_EIG_PROGRAM = """
+import sys, numpy as np, jax, jax.numpy as jnp, hostcall
+eig = jax.jit(jnp.linalg.eig)
+
+def host(m):
+  w, v = eig(m)  # jitted JAX inside the host function
+  return np.asarray(w).astype(np.complex64), np.asarray(v).astype(np.complex64)
+
+n = 40
+spec = (jax.ShapeDtypeStruct((n,), jnp.complex64),
+        jax.ShapeDtypeStruct((n, n), jnp.complex64))
+call = lambda m, method=None: hostcall.pure_callback(host, spec, m,
+                                                     vmap_method=method)
+mode = sys.argv[1]
+rng = np.random.default_rng(0)
+if mode == "plain":
+  f, m = jax.jit(call), rng.random((n, n)).astype(np.complex64)
+else:
+  f = jax.jit(jax.vmap(lambda m: call(m, mode)))
+  m = rng.random((4, n, n)).astype(np.complex64)
+total = 0
+for i in range(100):  # dispatched without waiting, as JAX #24255's loop
+  total = total + f(m + i)[0].sum()
+jax.block_until_ready(total)
+print("done", mode)
+"""
+
+
+@pytest.mark.parametrize("mode", ["plain", "sequential", "concurrent"])
+def test_a_pure_callback_running_jitted_jax_does_not_hang(mode):
+  # JAX #24255: intermittent, so the time limit (not one passing run) is
+  # the guard: a hang fails here instead of waiting forever.
+  proc = subprocess.run([sys.executable, "-c", _EIG_PROGRAM, mode],
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert proc.stdout.split() == ["done", mode]

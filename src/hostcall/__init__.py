@@ -38,6 +38,9 @@ Public API:
 from hostcall import (_jax_private, _notebook, control, host_callback,
                       metrics, progress)
 from hostcall._apps.scan import scan
+import atexit as _atexit
+
+from hostcall._async import queue as _queue
 from hostcall._async.delivery import delivery, set_delivery
 from hostcall._async.queue import (queue_stats, set_gather_window,
                                    set_queue_capacity)
@@ -51,6 +54,13 @@ from hostcall._flavours.grad import grad_callback, grad_print
 from hostcall._flavours.io import io_callback
 from hostcall._flavours.jit import jit
 from hostcall._flavours.pure import pure_callback
+
+# Every host call started before the interpreter exits is delivered: the
+# wait is registered now, when hostcall is imported, so that it runs after
+# every exit handler registered later (atexit runs the last registered
+# first), host calls made in those included. Runs before the metrics runs
+# are closed (their hook was registered while importing, earlier).
+_atexit.register(_queue.wait_at_exit)
 
 __version__ = "0.1.0"
 

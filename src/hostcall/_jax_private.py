@@ -17,6 +17,7 @@ else:
 
 from __future__ import annotations
 
+import functools
 import inspect
 import itertools
 
@@ -317,6 +318,50 @@ def batch_jaxpr_axes(closed_jaxpr, axis_data, in_axes, out_axes_dest):
 batch_jaxpr = _batching.batch_jaxpr
 
 
+#: Effects that are no side effect (named axes, a function's own mutable
+#: arrays): a branch holding only these is as pure as JAX's rules see it.
+NOT_REALLY_EFFECTS = tuple(
+    t for t in (getattr(_core, "NamedAxisEffect", None),
+                getattr(_core, "InternalMutableArrayEffect", None))
+    if t is not None)
+
+
+#: ``io_callback_impl(*args, callback, result_avals, sharding, ordered)``:
+#: what ``jax.experimental.io_callback`` does outside ``jit`` (values put on
+#: the CPU, the callback called, its failure logged as JAX logs it); None
+#: where this release has no such function.
+io_callback_impl = getattr(_callback, "io_callback_impl", None)
+
+
+def is_ordered_effect(effect) -> bool:
+  """Whether JAX sequences ``effect`` with a token (an ordered effect)."""
+  return _effects.ordered_effects.contains(effect)
+
+
+def is_dropped(var) -> bool:
+  """Whether an equation's output ``var`` is read by nothing (JAX writes a
+  ``DropVar`` there)."""
+  return type(var).__name__ == "DropVar"
+
+
+def user_frame_of(eqn) -> str | None:
+  """``file:line`` of the user's code that staged ``eqn``, where known."""
+  package = __file__.rsplit("/", 1)[0]
+  for frame in _source_info_util.user_frames(eqn.source_info.traceback):
+    if not frame.file_name.startswith(package):
+      return f"{frame.file_name}:{frame.start_line}"
+  return None
+
+
+def varying_axes(aval) -> frozenset:
+  """The ``shard_map`` axes an abstract value varies over: its manual axis
+  type's ``varying`` (JAX 0.10 on) or its ``vma`` (before)."""
+  manual = getattr(aval, "manual_axis_type", None)
+  if manual is not None:
+    return frozenset(getattr(manual, "varying", ()) or ())
+  return frozenset(getattr(aval, "vma", ()) or ())
+
+
 def broadcast_batched(x, axis_data, dim):
   """``x`` (batched at ``dim``, or not at all when None) batched at 0."""
   if dim is None:
@@ -345,6 +390,81 @@ def register_effect(effect_type: type, *, ordered: bool,
     _effects.ordered_effects.add_type(effect_type)
     if shardable:
       _effects.shardable_ordered_effects.add_type(effect_type)
+
+
+def keep_io_in_partial_evaluation() -> None:
+  """Keeps JAX's io callback effects through partial evaluation, as JAX
+  keeps its debug callbacks: without it, an io call staged with an unknown
+  operand (a loop's carry, while ``grad`` splits the loop) is dropped."""
+  for effect in (_callback._IOEffect, _callback._OrderedIOEffect):
+    _effects.partial_eval_kept_effects.add_type(type(effect))
+
+
+def keep_calls_in_loop_bodies(has_calls) -> None:
+  """Stops ``grad``'s split of a ``lax.scan`` from hoisting a call out of
+  the loop: JAX moves out of the body every equation whose operands do not
+  change from step to step (a call with no operands, or with only the
+  loop's constants), so a call written once a step ran once (JAX #16637).
+  Where ``has_calls(jaxpr)``, the known loop is left whole, its constants
+  passed in as JAX's own "to disable" path does; elsewhere JAX hoists."""
+  hoist = _loops._scan_known_hoisting
+  if getattr(hoist, "_hostcall_keeps", False):
+    return
+  def scan_known_hoisting(jaxpr_known, known_consts, num_res, *rest):
+    if (not has_calls(jaxpr_known)
+        or any(isinstance(_loops.typeof(c), _loops.AbstractRef)
+               for c in known_consts)):
+      return hoist(jaxpr_known, known_consts, num_res, *rest)
+    jaxpr = _pe.convert_constvars_jaxpr(jaxpr_known.jaxpr)
+    if _hoisting_returns_closed(hoist):
+      jaxpr = _pe.close_jaxpr(jaxpr)
+    return (jaxpr, [*jaxpr_known.consts, *known_consts], [False] * num_res,
+            [])
+
+  scan_known_hoisting._hostcall_keeps = True
+  _loops._scan_known_hoisting = scan_known_hoisting
+
+
+def explain_checkpoint_refusal(explain) -> None:
+  """Adds ``explain(message)`` to JAX's refusal of an effect it cannot
+  split under ``jax.checkpoint`` (``NotImplementedError: Effects not
+  supported in partial-eval of `checkpoint`/`remat```), where JAX raises it:
+  its partial-evaluation rule (before 0.11) or its rematerialised
+  primitive's differentiability check (0.11 on)."""
+  from jax._src import ad_checkpoint
+
+  def explained(check):
+    if getattr(check, "_hostcall_explains", False):
+      return check
+
+    def check_explained(*args, **kwargs):
+      try:
+        return check(*args, **kwargs)
+      except NotImplementedError as error:
+        message = str(error)
+        if "checkpoint" not in message or "Effects" not in message:
+          raise
+        raise NotImplementedError(explain(message)) from None
+    check_explained._hostcall_explains = True
+    return check_explained
+
+  rules = _pe.custom_partial_eval_rules
+  if ad_checkpoint.remat_p in rules:
+    rules[ad_checkpoint.remat_p] = explained(rules[ad_checkpoint.remat_p])
+  traced = getattr(ad_checkpoint, "RematTraced", None)
+  if traced is not None and hasattr(traced, "_check_differentiable"):
+    traced._check_differentiable = explained(traced._check_differentiable)
+
+
+@functools.cache
+def _hoisting_returns_closed(hoist) -> bool:
+  """Whether this release's ``_scan_known_hoisting`` returns a closed
+  jaxpr (before 0.11) or an open one; asked of JAX once, on a loop body
+  of one constant and one carry."""
+  closed = jax.make_jaxpr(lambda c, x: (x + c,))(1.0, 1.0)
+  n_res = len(inspect.signature(hoist).parameters) - 2
+  out = hoist(closed, [np.float32(1.0)], *([0] * n_res))[0]
+  return isinstance(out, _core.ClosedJaxpr)
 
 
 def require_devices_during_lowering(primitive) -> None:
@@ -422,6 +542,54 @@ def wait_for_effects() -> None:
     except jax.errors.JaxRuntimeError:
       pass  # its error reached whoever waits for its results
   tokens.clear()
+
+
+def start_ordered_effects_afresh_after_a_failure() -> None:
+  """Keeps one failed computation from failing every later one (JAX #37587).
+
+  JAX threads a runtime token through every computation with ordered
+  effects; a computation that failed leaves an errored token, which the
+  next one takes as input and fails with, without running, and so on, and
+  ``jax.effects_barrier()`` (and JAX's exit hook) raise it again every
+  time. Here a token known to have failed (ready, with an error: whoever
+  waited for the failed computation was told) is not handed on: the next
+  computation starts a fresh sequence; and waiting for the tokens forgets
+  them even when one failed, so a failure is raised once.
+  """
+  token_set = type(_dispatch.runtime_tokens)
+  if getattr(token_set.get_token_input, "_hostcall_afresh", False):
+    return
+  get_token_input = token_set.get_token_input
+  block_until_ready = token_set.block_until_ready
+
+  def get_token_input_afresh(self, eff, devices):
+    token = self.current_tokens.get(eff)
+    if token is not None and _has_failed(token):
+      del self.current_tokens[eff]
+    return get_token_input(self, eff, devices)
+
+  def block_until_ready_once(self):
+    try:
+      block_until_ready(self)
+    finally:
+      self.clear()
+
+  get_token_input_afresh._hostcall_afresh = True
+  token_set.get_token_input = get_token_input_afresh
+  token_set.block_until_ready = block_until_ready_once
+
+
+def _has_failed(token) -> bool:
+  """Whether a runtime token is ready and holds an error (never waits)."""
+  buffer = getattr(token, "_buf", token)
+  is_ready = getattr(buffer, "is_ready", None)
+  if is_ready is None or not is_ready():
+    return False
+  try:
+    buffer.block_until_ready()
+  except jax.errors.JaxRuntimeError:
+    return True
+  return False
 
 
 # Frames of JAX's loops, while they trace a body: lax.scan and the

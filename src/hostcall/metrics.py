@@ -4,6 +4,7 @@
     def step(params, batch):
       ...
       run.log(i, loss=loss, grad_norm=norm)        # inside jit/scan/vmap/grad
+      run.log({"loss": loss}, step=i)              # W&B's form works too
     hostcall.barrier()                             # or run.flush()
     hostcall.metrics.read("runs/fit")              # a pandas DataFrame
     hostcall.metrics.plot("runs/fit")              # runs/fit/metrics.png

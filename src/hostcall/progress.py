@@ -13,9 +13,20 @@ or decorate a body whose loop call you cannot change:
 ```python
 jax.lax.scan(hostcall.progress.track(step, total=n), init, xs)
 ```
+
+and draw a Python loop's bar (tqdm's API) whose postfix takes JAX arrays
+without waiting for them:
+
+```python
+for i in (bar := hostcall.progress.trange(steps)):
+  state, loss = train_step(state)
+  bar.set_postfix(loss=loss)
+```
 """
 
 from hostcall._apps.progress import (close_all, fori_loop, scan, track,
                                      while_loop)
+from hostcall._apps.python_bars import tqdm, trange
 
-__all__ = ["close_all", "fori_loop", "scan", "track", "while_loop"]
+__all__ = ["close_all", "fori_loop", "scan", "tqdm", "track", "trange",
+           "while_loop"]

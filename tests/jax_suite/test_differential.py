@@ -642,14 +642,20 @@ def test_transposing_io_callback_is_refused():
        error=ValueError, words=("IO callbacks do not support transpose.",))
 
 
-def test_io_callback_in_vmap_of_cond_is_refused():
+def test_io_callback_in_vmap_of_cond_runs_for_the_lanes_that_took_it():
+  # JAX refuses an io callback in a vmap of cond; hostcall's runs for the
+  # lanes that took its branch (docs/compatibility.md, differences).
   def program(cb, log):
-    def f(pred):
-      return lax.cond(pred, lambda: cb.io(lambda: log.append("f"), None),
-                      lambda: cb.io(lambda: log.append("t"), None))
-    return jax.vmap(f)(jnp.array([True, True]))
-  same(program, error=NotImplementedError,
-       words=("IO effect not supported in vmap-of-cond.",))
+    def f(pred, x):
+      return lax.cond(
+          pred, lambda x: cb.io(lambda v: log.append(("t", int(v))), None, x),
+          lambda x: cb.io(lambda v: log.append(("f", int(v))), None, x), x)
+    return jax.vmap(f)(jnp.array([True, False, True]), jnp.arange(3))
+  j, h = both(program)
+  assert isinstance(j.error, NotImplementedError)
+  assert "IO effect not supported in vmap-of-cond." in str(j.error)
+  assert h.error is None, h.error_text
+  assert sorted(h.calls) == [("f", 1), ("t", 0), ("t", 2)]
 
 
 def test_io_callback_in_while_with_batched_predicate_is_refused():

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
-from jax.sharding import Mesh, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import hostcall
 from hostcall import host_callback as hcb
@@ -444,3 +444,59 @@ def test_a_writer_raising_on_one_devices_rows_costs_the_others_nothing(
   hostcall.barrier()
   assert _by_device(_rows(again.records())) == every
   again.close()
+
+
+# --- one failed ordered call fails its own computation only (JAX #37587) --
+
+@pytest.mark.parametrize("ordered", [True, False])
+def test_after_one_failed_ordered_call_the_next_computations_run(ordered):
+  mesh = _mesh()
+  seen = []
+
+  def host(v):
+    if float(v[0]) == 2.0:
+      raise ValueError("bad block")
+    seen.append(float(v[0]))
+
+  def body(x):
+    hostcall.io_callback(host, None, x, ordered=ordered)
+    return x + 1
+
+  f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("d"),
+                            out_specs=P("d")),
+              in_shardings=NamedSharding(mesh, P("d")))
+  with pytest.raises(Exception, match="bad block"):
+    f(jnp.arange(4.0)).block_until_ready()
+  hostcall.barrier()
+  assert sorted(seen) == [0.0, 1.0, 3.0]  # the other devices' calls ran
+  seen.clear()
+  # The same program on good inputs, twice; another program; a barrier.
+  for start in (10.0, 20.0):
+    out = f(jnp.arange(4.0) + start)
+    np.testing.assert_array_equal(out, np.arange(4.0) + start + 1)
+    hostcall.barrier()
+    assert sorted(seen) == [start + i for i in range(4)]
+    seen.clear()
+  other = jax.jit(lambda x: hostcall.io_callback(
+      lambda v: seen.append(("other", float(v))), None, x, ordered=True))
+  other(5.0)
+  hostcall.barrier()
+  jax.effects_barrier()  # JAX's own waits no longer re-raise the old error
+  assert seen == [("other", 5.0)]
+
+
+def test_jaxs_effects_barrier_raises_a_failure_once():
+  mesh = _mesh()
+
+  def host(v):
+    raise KeyError("once")
+
+  f = jax.jit(jax.shard_map(
+      lambda x: (hostcall.io_callback(host, None, x, ordered=True), x)[1],
+      mesh=mesh, in_specs=P("d"), out_specs=P("d")),
+      in_shardings=NamedSharding(mesh, P("d")))
+  f(jnp.arange(4.0))  # dropped: its failure reaches the token only
+  with pytest.raises(Exception, match="once"):
+    jax.effects_barrier()
+  jax.effects_barrier()  # raised once, not at every later wait
+  hostcall.barrier()

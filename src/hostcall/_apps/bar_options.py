@@ -131,6 +131,6 @@ def spec(desc, total, unit, leave, file, all_processes, options, *,
                     f"{options!r}") from None
   return _bars.BarSpec(
       desc=desc, total=total, unit=unit, position=position,
-      leave=(position == 0) if leave is None else bool(leave), file=file,
+      leave=None if leave is None else bool(leave), file=file,
       all_processes=bool(all_processes), options=items)
 

@@ -40,8 +40,8 @@ class BarSpec:
   desc: str | None
   total: int | None
   unit: str
-  position: int
-  leave: bool
+  position: int  # the loop's nesting depth among compiled loops
+  leave: bool | None  # None: tqdm's default, only a bar on the top row
   file: Any
   all_processes: bool
   options: tuple  # further tqdm keyword arguments, as sorted items
@@ -53,9 +53,18 @@ class BarSpec:
     options = dict(mininterval=TICK_INTERVAL,
                    dynamic_ncols=self.file is None)
     options.update(self.options)
+    position = self.position + tqdm_guard.loop_rows.rows()
     return tqdm_guard.make(tqdm, total=total, desc=self.desc,
-                           unit=self.unit, position=self.position,
-                           leave=self.leave, file=stream, **options)
+                           unit=self.unit, position=position,
+                           leave=self.leave_at(position), file=stream,
+                           **options)
+
+  def leave_at(self, position: int) -> bool:
+    """Whether the bar stays on screen when done, drawn at row
+    ``position``: as given, else only on the top row (tqdm's default:
+    a nested bar, under another progress loop's or a Python loop's, is
+    erased)."""
+    return position == 0 if self.leave is None else self.leave
 
   def guard(self) -> "tqdm_guard.Guarded | None":
     """What a bar draws on: the spec's file (or the terminal's stderr), its

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import threading
 
 
 @contextlib.contextmanager
@@ -138,3 +139,30 @@ class Guarded:
     return self._stream == getattr(other, "_stream", other)
 
   __hash__ = None
+
+
+class _LoopRows:
+  """The rows the open bars of Python loops (``python_bars.tqdm``) take: a
+  compiled loop's bar opened meanwhile is drawn below them (and, by
+  default, erased when done), as tqdm nests a bar opened inside another's
+  loop. Thread-safe: bars open here from the delivery thread."""
+
+  def __init__(self):
+    self._lock = threading.Lock()
+    self._rows: dict[int, int] = {}  # id(bar) -> its row
+
+  def opened(self, bar, row: int) -> None:
+    with self._lock:
+      self._rows[id(bar)] = row
+
+  def closed(self, bar) -> None:
+    with self._lock:
+      self._rows.pop(id(bar), None)
+
+  def rows(self) -> int:
+    """The first row below every open Python loop's bar (0: none open)."""
+    with self._lock:
+      return max(self._rows.values(), default=-1) + 1
+
+
+loop_rows = _LoopRows()

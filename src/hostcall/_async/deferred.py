@@ -22,7 +22,6 @@ effect JAX would wait for, so a barrier first waits for them to have run.
 
 from __future__ import annotations
 
-import atexit
 import collections
 import functools
 import logging
@@ -107,11 +106,15 @@ class Deferred:
       self._bytes += size
       self._submitted += 1
 
+  @property
+  def started(self) -> bool:
+    """Whether the thread was started (a program's calls handed in)."""
+    return self._thread is not None
+
   def _start(self) -> None:
     self._thread = threading.Thread(target=self._run, daemon=True,
                                     name="hostcall-deferred")
     self._thread.start()
-    atexit.register(self.drain)
 
   def _run(self) -> None:
     while True:

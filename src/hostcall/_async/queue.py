@@ -18,7 +18,6 @@ fork-safe): starting it there is an error.
 
 from __future__ import annotations
 
-import atexit
 import collections
 import itertools
 import logging
@@ -357,10 +356,12 @@ class Consumer:
         self._thread.start()
         threading.Thread(target=self._watch, name="hostcall-watchdog",
                          daemon=True).start()
-        # Computations still running at exit push more taps: wait for them
-        # first (JAX's own exit hook runs after ours).
-        atexit.register(wait)
       return self._queue
+
+  @property
+  def started(self) -> bool:
+    """Whether the queue was started (a tap lowered, a barrier waited)."""
+    return self._queue is not None
 
   @property
   def native(self) -> bool:
@@ -584,6 +585,14 @@ def wait() -> None:
     if consumer.pushed() == pushed and deferred.submitted() == submitted:
       consumer.prune()  # what the barrier saw delivered is released now
       return
+
+
+def wait_at_exit() -> None:
+  """``wait()`` at interpreter exit (registered when hostcall is imported,
+  so after the exit handlers registered later: their host calls too), where
+  anything was started; JAX's own exit hook runs after it."""
+  if consumer.started or deferred.started:
+    wait()
 
 
 def set_queue_capacity(nbytes: int) -> None:

@@ -30,6 +30,15 @@ class CallContext:
       global array: one tuple of slices per flat operand. None otherwise.
     peers: the devices that each make this call site's call (``shard_map``,
       ``pmap``), ``device`` among them; empty where one device calls.
+    axis_indices: under ``shard_map`` (and ``pmap``, which JAX runs as
+      one), the calling device's index along each mapped axis of the mesh,
+      by name (``{"x": 2}``): which block of the global array it holds
+      (with ``in_specs=P("x")``, rows ``2 * n`` to ``3 * n`` of the global
+      array) and which part of a ``pmap``'s batch. Empty elsewhere.
+    gates: how many of the call's last flat operands say, per lane,
+      whether the lane took a ``cond`` branch that holds the call (one per
+      ``vmap`` of a ``cond`` whose predicate is batched; see ``gating``):
+      the host calls only the lanes that took every one.
   """
 
   transforms: tuple[tuple[str, dict[str, Any]], ...]
@@ -37,11 +46,19 @@ class CallContext:
   batch_levels: tuple[tuple[tuple, int], ...] = ()
   shard_indices: tuple[tuple[slice, ...], ...] | None = None
   peers: tuple = dataclasses.field(default=(), repr=False, compare=False)
+  gates: int = 0
+  axis_indices: dict = dataclasses.field(default_factory=dict)
 
   @property
   def process_index(self) -> int:
     """The index of the process (host) that owns ``device``."""
     return getattr(self.device, "process_index", 0)
+
+
+#: A ``transforms`` entry of a call whose last operand only orders it after
+#: the calls before it (``hostcall.jit``'s queued calls; see ``deferring``):
+#: its host side drops that operand.
+AFTER = ("after",)
 
 
 def batch_levels(transforms) -> tuple[tuple[tuple, int], ...]:
@@ -55,6 +72,8 @@ def _unpack_transforms(transforms: tuple) -> tuple:
   # The primitive keeps transforms as hashable tuples; users see dicts.
   unpacked = []
   for name, *params in transforms:
+    if name in ("gate", "after"):
+      continue  # said by CallContext.gates; dropped before the call
     if name == "batch":  # ("batch", batch_dims, axis_size)
       unpacked.append((name, {"batch_dims": params[0]}))
     else:
@@ -64,10 +83,12 @@ def _unpack_transforms(transforms: tuple) -> tuple:
 
 def make_context(transforms: tuple, device,
                  shard_indices: tuple | None = None,
-                 peers: tuple = ()) -> CallContext:
+                 peers: tuple = (), axis_indices: dict | None = None
+                 ) -> CallContext:
   """The context of one call site on one device."""
   return CallContext(_unpack_transforms(transforms), device,
-                     batch_levels(transforms), shard_indices, tuple(peers))
+                     batch_levels(transforms), shard_indices, tuple(peers),
+                     transforms.count(("gate",)), dict(axis_indices or {}))
 
 
 _current = threading.local()

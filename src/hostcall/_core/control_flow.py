@@ -1,4 +1,17 @@
-"""``vmap`` of a ``while_loop`` whose condition makes an ordered host call.
+"""Host calls in JAX's loops: kept in the body under ``grad``, and ``vmap``
+of a ``while_loop`` whose condition makes an ordered host call.
+
+Under ``grad``, JAX splits a ``lax.scan`` (``fori_loop`` of static bounds
+too) into the loop that runs forward and the one that runs backward, and
+hoists out of the forward body every equation whose operands are the same
+at every step. A host call with no operands, or with only the loop's
+constants, then ran once instead of once a step (JAX #16637); and an io
+call whose operand is the carry was dropped, since JAX's partial
+evaluation keeps only the effects it was told to. ``install`` keeps both
+in the loop, for every call with one of hostcall's effects or JAX's io
+effects (``jax.debug.callback`` is left as JAX runs it).
+
+The rest of this module is the ``while`` rewrite:
 
 JAX lowers a while loop whose condition has ordered effects by evaluating
 the condition once before the loop and once at the end of every iteration,
@@ -21,6 +34,8 @@ Every other ``while`` batches exactly as before.
 """
 
 from __future__ import annotations
+
+import re
 
 import jax
 from jax.extend import core as jex_core
@@ -111,10 +126,34 @@ def _while_batching_rule(axis_data, args, dims, *, cond_nconsts, cond_jaxpr,
   return outs[1:], out_dims[1:]
 
 
-def install(host_effects: tuple[type, ...]) -> None:
+def install(host_effects: tuple[type, ...],
+            kept_effects: tuple[type, ...]) -> None:
   """Takes over ``while``'s batching rule for conditions holding one of
   ``host_effects`` (hostcall's ordered effect types); others go to JAX's
-  rule."""
+  rule. Keeps every call with one of ``kept_effects`` in its loop's body
+  under ``grad``."""
   global _HOST_EFFECTS
   _HOST_EFFECTS = host_effects
+
+  def has_calls(closed_jaxpr) -> bool:
+    return any(isinstance(e, kept_effects) for e in closed_jaxpr.effects)
+
+  _jax_private.keep_io_in_partial_evaluation()
+  _jax_private.keep_calls_in_loop_bodies(has_calls)
+  _jax_private.explain_checkpoint_refusal(_explain_checkpoint_refusal)
   _jax_private.fancy_primitive_batchers[primitives.while_p] = _while_batching_rule
+
+
+def _explain_checkpoint_refusal(message: str) -> str:
+  if "IOEffect" not in message:
+    return message
+  # JAX names the effects by their objects' default repr (an address).
+  message = re.sub(r"<[\w.]*?(\w+) object at 0x[0-9a-fA-F]+>", r"\1", message)
+  return (
+      f"{message}\nhostcall: an io_callback inside jax.checkpoint (or "
+      "jax.remat) cannot be differentiated: JAX would have to choose between "
+      "running the impure call again in the backward pass and saving it, and "
+      "refuses. Call it outside the checkpointed function, or use "
+      "hostcall.debug_callback (runs as jax.debug.callback does under every "
+      "checkpoint policy) or hostcall.host_callback.id_tap (runs again where "
+      "its inputs are rematerialised) for a call made for its effect.")

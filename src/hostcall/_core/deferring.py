@@ -46,7 +46,7 @@ from jax.extend import core as jex_core
 
 from hostcall import _jax_private
 from hostcall._core import threaded
-from hostcall._core.context import make_context
+from hostcall._core.context import AFTER, make_context
 from hostcall._core.primitive import hostcall_p
 from hostcall._core.targets import HostTarget, Steps
 
@@ -232,6 +232,18 @@ def analyse(jaxpr, queued: bool = False) -> bool | None:
   return found
 
 
+def keeps_live(eqn, queued: bool = False) -> bool:
+  """Whether ``eqn`` itself (not a jaxpr inside it) is what makes
+  ``analyse`` keep a program as it is: an effectful host call that cannot
+  be deferred, or another effect ``analyse`` does not look into."""
+  if eqn.primitive is hostcall_p:
+    return bool(eqn.effects) and not _deferrable_call(eqn, queued)
+  looked_into = (_is_jit(eqn) or (eqn.primitive.name == "scan"
+                                   and _scan_layout(eqn) is not None)
+                 or (queued and eqn.primitive.name in ("while", "cond")))
+  return bool(eqn.effects) and not looked_into
+
+
 def _jaxpr_of(jaxpr):
   return getattr(jaxpr, "jaxpr", jaxpr)
 
@@ -369,6 +381,14 @@ def _evaluate(jaxpr, consts, args, recorder: _Recorder) -> list:
     elif (queued and eqn.primitive.name == "cond"
           and any(analyse(b, queued) for b in eqn.params["branches"])):
       outs = _cond(eqn, invals, recorder)
+    elif queued and eqn.primitive is hostcall_p:
+      # A host call left in place (a pure callback) runs after the queued
+      # calls before it: were it to fail first, they would never be
+      # queued, where jax.jit delivers them. It takes the order value as
+      # one more operand, which its host side drops (``lowering.AFTER``).
+      params = dict(eqn.params,
+                    transforms=eqn.params["transforms"] + (AFTER,))
+      outs = hostcall_p.bind(*invals, recorder.order, **params)
     else:
       outs = _jax_private.bind_equation(eqn, invals)
     if not eqn.primitive.multiple_results:

@@ -47,6 +47,8 @@ _jax_private.register_effect(OrderedHostEffect, ordered=True)
 _jax_private.register_effect(UnorderedHostEffect, ordered=False)
 _jax_private.register_effect(OrderedDebugHostEffect, ordered=True,
                              shardable=False)
+# One failed computation with ordered effects must not fail every later one.
+_jax_private.start_ordered_effects_afresh_after_a_failure()
 
 #: Each ordering's effect (None: pure).
 EFFECTS = {"ordered": OrderedHostEffect(), "unordered": UnorderedHostEffect(),
@@ -60,6 +62,11 @@ ORDERED = ("ordered", "io_ordered", "debug_ordered")
 #: The effect types of hostcall's own orderings.
 HOST_EFFECT_TYPES = (OrderedHostEffect, UnorderedHostEffect,
                      OrderedDebugHostEffect)
+
+#: The effect types whose calls stay in a loop's body under ``grad``, once a
+#: step: hostcall's and JAX's io effects (which hostcall's io calls carry).
+KEPT_IN_LOOPS = (*HOST_EFFECT_TYPES, type(_jax_private.IO_EFFECT),
+                 type(_jax_private.ORDERED_IO_EFFECT))
 
 #: Those of its ordered orderings (one token each).
 ORDERED_HOST_EFFECT_TYPES = (OrderedHostEffect, OrderedDebugHostEffect)

@@ -58,6 +58,20 @@ def route(ctx, handler: str, native_loaded: bool) -> str:
   return "python"
 
 
+def mesh_indices(ctx) -> list[dict]:
+  """Under ``shard_map``, each calling device's index along the mesh's
+  mapped axes, in the order ``caller`` gives the devices."""
+  axis_context = ctx.module_context.axis_context
+  mesh = getattr(axis_context, "mesh", None)
+  if mesh is None:
+    return []
+  names = list(mesh.axis_names)
+  manual = getattr(axis_context, "manual_axes", None)
+  mapped = [i for i, n in enumerate(names) if not manual or n in manual]
+  return [{names[i]: int(at[i]) for i in mapped}
+          for at in np.ndindex(*mesh.devices.shape)]
+
+
 def caller(ctx, device_index: int):
   """``(devices, partition)``: the calling device (one), or, under
   ``shard_map``, every device and the partition id that picks one."""

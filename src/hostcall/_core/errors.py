@@ -263,8 +263,10 @@ def _shows(text: str, original: BaseException) -> bool:
   while tb.tb_next is not None:
     tb = tb.tb_next
   code = tb.tb_frame.f_code
-  return (f'File "{code.co_filename}", line {tb.tb_lineno}, in '
-          f'{code.co_name}') in text
+  # The runtime writes the frame's last line run (where a ``finally``
+  # ran after the raise), Python's traceback the line that raised.
+  return any(f'File "{code.co_filename}", line {line}, in {code.co_name}'
+             in text for line in {tb.tb_lineno, tb.tb_frame.f_lineno})
 
 
 def original_error(error: BaseException) -> BaseException | None:

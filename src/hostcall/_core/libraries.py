@@ -15,9 +15,10 @@ user and be writable by no one else, and the library must match the SHA-256
 digest recorded when it was built (a library that does not, or that fails
 to load, is rebuilt). A build goes to a temporary file renamed into place,
 so that processes building at once each end up with a whole library. When
-a library cannot be had (no compiler, a failed build, ``HOSTCALL_NATIVE=0``)
-its component uses its Python implementation, says why once (a
-``HostcallNativeWarning``), and ``hostcall info`` says so too.
+a library cannot be had its component uses its Python implementation:
+without a compiler or after a failed build it says why once (a
+``HostcallNativeWarning``); with ``HOSTCALL_NATIVE=0``, which asked for it,
+silently. ``hostcall info`` says which is used, and why, in both cases.
 
 Its FFI handlers are registered for every platform that the emission table
 (``emission.NATIVE``) gives them.

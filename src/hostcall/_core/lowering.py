@@ -27,7 +27,7 @@ from hostcall import _jax_private
 from hostcall._async import lowering as async_lowering
 from hostcall._async import queue
 from hostcall._core import calls, emission, partitioned
-from hostcall._core.context import make_context
+from hostcall._core.context import AFTER, make_context
 from hostcall._core.effects import ORDERED, effect_of
 
 
@@ -48,7 +48,8 @@ def lower(ctx, *args, target, transforms, kind, result_avals, ordering,
     devices = next(iter(chosen.device_set))
   operands, operand_avals = list(args), list(ctx.avals_in)
   if partition is not None:
-    contexts = [make_context(transforms, d, peers=devices) for d in devices]
+    contexts = [make_context(transforms, d, peers=devices, axis_indices=at)
+                for d, at in zip(devices, emission.mesh_indices(ctx))]
     operands.append(partition)
     operand_avals.append(_jax_private.ShapedArray((), np.uint32))
   else:
@@ -64,7 +65,8 @@ def lower(ctx, *args, target, transforms, kind, result_avals, ordering,
   else:
     results, token = emit_sync(ctx, target, contexts, token, operands,
                                operand_avals, result_avals, op_sharding,
-                               has_side_effect=effect is not None)
+                               has_side_effect=effect is not None,
+                               after=AFTER in transforms)
   if ordering in ORDERED:
     ctx.set_tokens_out(ctx.tokens_in.update_tokens(
         _jax_private.TokenSet({effect: token})))
@@ -74,12 +76,17 @@ def lower(ctx, *args, target, transforms, kind, result_avals, ordering,
   return passed_through if kind == "tap" else list(results)
 
 
-def _sync_callback(target, contexts, result_avals):
-  """The runtime callback of a synchronous call site."""
+def _sync_callback(target, contexts, result_avals, after: bool):
+  """The runtime callback of a synchronous call site (``after``: its last
+  operand only ordered it, and is dropped)."""
   if isinstance(contexts, list):  # shard_map: the last operand names the
     def callback(*flat):          # calling device
       *flat, partition = flat
-      return calls.run(target, flat, contexts[int(partition)],
+      return calls.run(target, flat[:-1] if after else flat,
+                       contexts[int(partition)], result_avals=result_avals)
+  elif after:
+    def callback(*flat):
+      return calls.run(target, flat[:-1], contexts,
                        result_avals=result_avals)
   else:
     def callback(*flat):
@@ -88,11 +95,12 @@ def _sync_callback(target, contexts, result_avals):
 
 
 def emit_sync(ctx, target, contexts, token, operands, operand_avals,
-              result_avals, op_sharding, *, has_side_effect: bool):
+              result_avals, op_sharding, *, has_side_effect: bool,
+              after: bool = False):
   """Emits a call that runs the host function while the computation waits;
   returns ``(results, token)``."""
   call_ctx = ctx.replace(avals_in=operand_avals, avals_out=list(result_avals))
-  callback = _sync_callback(target, contexts, tuple(result_avals))
+  callback = _sync_callback(target, contexts, tuple(result_avals), after)
   results, token, _ = _jax_private.emit_python_callback(
       call_ctx, callback, token, operands, operand_avals, list(result_avals),
       has_side_effect=has_side_effect, returns_token=token is not None,

@@ -41,10 +41,11 @@ from jax.extend import core as jex_core
 
 from hostcall import _jax_private
 from hostcall._async import delivery as deliveries
-from hostcall._core import (calls, collecting, control_flow, lifting,
+from hostcall._core import (calls, collecting, control_flow, gating, lifting,
                            lowering)
 from hostcall._core.context import batch_levels, make_context
-from hostcall._core.effects import ORDERED_HOST_EFFECT_TYPES, effect_of
+from hostcall._core.effects import (KEPT_IN_LOOPS, ORDERED_HOST_EFFECT_TYPES,
+                                   effect_of)
 from hostcall._core.targets import VECTORISED, HostTarget
 from hostcall._core.tangents import instantiate
 
@@ -240,8 +241,29 @@ def _transpose_rule(cts, *args, target, transforms, kind, **params):
             for o, a in zip(outs, args)]
   levels = batch_levels(transforms)
   if levels:
-    return lifting.lifted_transpose(target.transpose, levels, list(cts), args)
-  return target.transpose(cts, args)
+    outs = lifting.lifted_transpose(target.transpose, levels, list(cts), args)
+  else:
+    outs = target.transpose(cts, args)
+  return [_varying_as(o, a) for o, a in zip(outs, args)]
+
+
+def _varying_as(cotangent, arg):
+  """``cotangent`` varying over the ``shard_map`` axes ``arg`` varies over
+  (a host rule's result varies over none, and JAX checks a cotangent's
+  type against its primal's)."""
+  if cotangent is None or not _jax_private.is_undefined_primal(arg):
+    return cotangent
+  wanted = _jax_private.varying_axes(arg.aval)
+  if not wanted or isinstance(cotangent, _jax_private.Zero):
+    return cotangent
+  missing = tuple(sorted(
+      wanted - _jax_private.varying_axes(jax.typeof(cotangent))))
+  if not missing:
+    return cotangent
+  pcast = getattr(jax.lax, "pcast", None)
+  if pcast is not None:  # JAX 0.9 on
+    return pcast(cotangent, missing, to="varying")
+  return jax.lax.pvary(cotangent, missing)
 
 
 def _remat_rule(saveable, unks_in, inst_in, eqn):
@@ -284,4 +306,5 @@ _jax_private.primitive_jvps[hostcall_p] = _jvp_rule
 _jax_private.primitive_transposes[hostcall_p] = _transpose_rule
 _jax_private.partial_eval_jaxpr_custom_rules[hostcall_p] = _remat_rule
 _jax_private.register_lowering(hostcall_p, lowering.lower, cacheable=False)
-control_flow.install(ORDERED_HOST_EFFECT_TYPES)
+control_flow.install(ORDERED_HOST_EFFECT_TYPES, KEPT_IN_LOOPS)
+gating.install(hostcall_p)

@@ -19,14 +19,17 @@ equal, so that tracing the same function twice reuses JAX's compilations.
 
 from __future__ import annotations
 
+import concurrent.futures as concurrent_futures
 import dataclasses
 import functools
+import os
 from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
 
 from hostcall import _jax_private
+from hostcall._core import context as contexts
 from hostcall._core.context import CallContext
 
 #: Declares a target class: a frozen dataclass, compared by its fields (a
@@ -107,6 +110,11 @@ class HostTarget(KeyedFields):
   #: steering's own calls, which raise contained failures and open loops.
   containable: bool = True
 
+  #: Whether, in a branch of a ``cond`` under ``vmap`` whose predicate is
+  #: batched, the call is made only for the lanes that took the branch
+  #: (``gating``); its ``deliver`` then honours ``CallContext.gates``.
+  gatable: bool = False
+
   #: How ``jax.checkpoint`` treats the call: ``"again"`` (runs again where
   #: its inputs are rematerialised, as the legacy module documented),
   #: ``"debug"`` (exactly as ``jax.debug.callback`` under every policy) or
@@ -149,7 +157,9 @@ class HostTarget(KeyedFields):
     """How a call with results is batched, or raise to refuse ``vmap``.
 
     ``"sequential"``: the host function is called once per batch element, in
-    index order, from one host call that carries the whole batch.
+    index order, from one host call that carries the whole batch;
+    ``"concurrent"``: the same calls, run at the same time by a pool of
+    threads.
     ``"expand_dims"`` / ``"broadcast_all"`` / ``"legacy_vectorized"``: it is
     called once with every batch axis in front.
     """
@@ -241,24 +251,61 @@ VECTORISED = ("expand_dims", "broadcast_all", "legacy_vectorized")
 
 
 def call_per_element(call: Callable[[list], list], flat_args: list,
-                     levels: Sequence, n_results: int) -> list:
+                     levels: Sequence, n_results: int,
+                     concurrent: bool = False) -> list:
   """Calls ``call`` once per batch element, in index order, and stacks.
 
   ``levels`` are ``(batch_dims, axis_size)`` of the vmaps, innermost first;
   the outermost is peeled first, since inner levels' ``batch_dims`` refer to
-  arrays without its axis.
+  arrays without its axis. ``concurrent``: the calls run at the same time
+  in a pool of threads; results still come in index order, and a failure
+  raises the first failing element's exception, as in index order.
   """
   if not levels:
     return list(call(flat_args))
-  *inner, (dims, size) = levels
-  per_element = []
-  for i in range(size):
-    sliced = [a if d is None else np.take(a, i, axis=d)
-              for a, d in zip(flat_args, dims)]
-    per_element.append(call_per_element(call, sliced, inner, n_results))
+  elements = list(_elements(flat_args, levels))
+  if concurrent and len(elements) > 1:
+    # Each thread runs its element in this call's context (call_context(),
+    # and the barrier's refusal inside a host function).
+    in_context = functools.partial(
+        _call_in_context, call, contexts.call_context(),
+        contexts.delivering_asynchronously())
+    futures = [_lane_pool().submit(in_context, flat) for flat in elements]
+    concurrent_futures.wait(futures)
+    results = [f.result() for f in futures]
+  else:
+    results = [call(flat) for flat in elements]
   if not n_results:
     return []
-  return [np.stack(column) for column in zip(*per_element)]
+  sizes = tuple(size for _, size in reversed(levels))
+  return [np.stack(column).reshape(sizes + np.shape(column[0]))
+          for column in zip(*results)]
+
+
+def _call_in_context(call, call_context, asynchronous, flat):
+  if call_context is None:
+    return call(flat)
+  with contexts.calling(call_context, asynchronous=asynchronous):
+    return call(flat)
+
+
+def _elements(flat_args: list, levels: Sequence):
+  """Each batch element's operands, in index order (outermost first)."""
+  if not levels:
+    yield flat_args
+    return
+  *inner, (dims, size) = levels
+  for i in range(size):
+    yield from _elements([a if d is None else np.take(a, i, axis=d)
+                          for a, d in zip(flat_args, dims)], inner)
+
+
+@functools.cache
+def _lane_pool() -> concurrent_futures.ThreadPoolExecutor:
+  # One pool for the process, made on first use; its threads end with it.
+  return concurrent_futures.ThreadPoolExecutor(
+      max_workers=max(4, min(32, (os.cpu_count() or 1) * 4)),
+      thread_name_prefix="hostcall-lanes")
 
 
 def hash_key(fn) -> Any:

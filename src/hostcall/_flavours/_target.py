@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable
 
 import jax
+import numpy as np
 
 from hostcall import _jax_private
 from hostcall._core.context import CallContext
@@ -13,7 +15,8 @@ from hostcall._core.targets import (VECTORISED, CallTarget, call_per_element,
                                     is_positional, key_of, target)
 from hostcall._core import results
 
-VMAP_METHODS = ("sequential", "sequential_unrolled", *VECTORISED)
+VMAP_METHODS = ("sequential", "sequential_unrolled", *VECTORISED,
+                "concurrent")
 
 _JAX_NAMES = {"debug_callback": "jax.debug.callback",
               "debug_print": "jax.debug.callback"}
@@ -21,6 +24,7 @@ _JAX_NAMES = {"debug_callback": "jax.debug.callback",
 #: Flavours called for their effect, as JAX's debug callbacks (the grad
 #: flavours' calls are debug callbacks of the backward pass).
 _DEBUG_LIKE = ("debug_callback", "debug_print", "grad_callback", "grad_print")
+_GATABLE = (*_DEBUG_LIKE, "io_callback")
 
 
 @target
@@ -60,6 +64,12 @@ class CallbackTarget(CallTarget):
   @property
   def inline_outside_jit(self) -> bool:
     return self.flavour in _DEBUG_LIKE
+
+  @property
+  def gatable(self) -> bool:
+    # JAX's impure flavours: under vmap of a cond, only the lanes that took
+    # the branch (a pure callback may run for any lane, as in JAX).
+    return self.flavour in _GATABLE
 
   @property
   def name(self) -> str:
@@ -115,19 +125,41 @@ class CallbackTarget(CallTarget):
 
   def deliver(self, flat_args, context: CallContext):
     levels, avals = context.batch_levels, self.result_avals
+    call_once, gates = self._call_once, context.gates
+    if gates:
+      call_once = functools.partial(self._call_if_taken, gates)
     if levels and self.method in VECTORISED:
       # The callback is vectorised: one call with every batch axis in front.
       sizes = tuple(size for _, size in reversed(levels))
       avals = tuple(_jax_private.ShapedArray(sizes + a.shape, a.dtype)
                     for a in avals)
       levels = ()
+      if gates:
+        call_once = functools.partial(self._call_if_any_taken, gates)
 
     if not levels:
-      return self._call_once(flat_args, avals)
+      return call_once(flat_args, avals)
     # Under vmap one host trip carries the batch; the callback sees one
     # element at a time, in index order, and the results are stacked.
-    return call_per_element(lambda flat: self._call_once(flat, avals),
-                            list(flat_args), levels, len(avals))
+    return call_per_element(lambda flat: call_once(flat, avals),
+                            list(flat_args), levels, len(avals),
+                            concurrent=self.method == "concurrent")
+
+  def _call_if_taken(self, gates, flat, avals) -> list:
+    # A lane that did not take the branch holding the call: no call, and
+    # zeros for its results, which the cond's select drops.
+    flat, taken = flat[:-gates], flat[-gates:]
+    if all(bool(t) for t in taken):
+      return self._call_once(flat, avals)
+    return [np.zeros(a.shape, a.dtype) for a in avals]
+
+  def _call_if_any_taken(self, gates, flat, avals) -> list:
+    # A vectorised callback gets the whole batch once, if any lane took the
+    # branch; it cannot be handed fewer lanes than its results declare.
+    flat, taken = flat[:-gates], flat[-gates:]
+    if np.any(functools.reduce(np.logical_and, taken)):
+      return self._call_once(flat, avals)
+    return [np.zeros(a.shape, a.dtype) for a in avals]
 
   def caller(self, context: CallContext):
     if context.batch_levels or self.result_avals or not is_positional(

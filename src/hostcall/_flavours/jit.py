@@ -22,6 +22,7 @@ A program with a host call that cannot be taken out is compiled as
 from __future__ import annotations
 
 import functools
+import warnings
 from typing import Any, Callable
 
 import jax
@@ -31,6 +32,12 @@ from hostcall._async import native
 from hostcall._async.deferred import deferred
 from hostcall._core import deferring
 from hostcall._core.checks import check_callable
+from hostcall._flavours import jax_callbacks
+
+
+class HostcallJitWarning(UserWarning):
+  """``hostcall.jit`` left a program as ``jax.jit`` compiles it (once per
+  function): which call kept it so, and what to write instead."""
 
 
 @jax.tree_util.register_pytree_node_class
@@ -88,6 +95,7 @@ class Jitted:
 
   def __init__(self, fun: Callable, jit_kwargs: dict):
     self._fun = fun
+    self._warned = False  # said once why the program stays as it is
     self._plain = jax.jit(fun, **jit_kwargs)
     kwargs = dict(jit_kwargs)
     if "out_shardings" in kwargs:  # the deferred outputs: left to XLA
@@ -149,21 +157,51 @@ class Jitted:
 
   def _trace(self, args, kwargs):
     """``(closed jaxpr, its dynamic arguments, the output tree)`` of fun
-    on ``args`` and ``kwargs``."""
-    leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
-    dynamic = [i for i, leaf in enumerate(leaves)
-               if isinstance(leaf, _jax_private.Tracer)]
+    on ``args`` and ``kwargs``.
 
-    def flat_fun(*values):
-      filled = list(leaves)
-      for i, value in zip(dynamic, values):
-        filled[i] = value
-      fargs, fkwargs = jax.tree_util.tree_unflatten(tree, filled)
-      return self._fun(*fargs, **fkwargs)
-
-    values = [leaves[i] for i in dynamic]
-    closed, shapes = jax.make_jaxpr(flat_fun, return_shape=True)(*values)
+    Traced as ``fun`` itself, its static arguments (those ``jax.jit``
+    passed in as they are, no tracer among their leaves) given as static,
+    so that an error while tracing names the user's function and
+    arguments, as ``jax.jit``'s does."""
+    static_argnums = tuple(i for i, a in enumerate(args) if _is_static(a))
+    static_kwargs = {k: v for k, v in kwargs.items() if _is_static(v)}
+    fun = (functools.partial(self._fun, **static_kwargs) if static_kwargs
+           else self._fun)
+    dynamic_kwargs = {k: v for k, v in kwargs.items()
+                      if k not in static_kwargs}
+    closed, shapes = jax.make_jaxpr(
+        fun, static_argnums=static_argnums, return_shape=True)(
+            *args, **dynamic_kwargs)
+    values = jax.tree_util.tree_leaves(
+        ([a for i, a in enumerate(args) if i not in static_argnums],
+         dynamic_kwargs))
     return closed, values, jax.tree_util.tree_structure(shapes)
+
+  def _deferrable(self, closed, queued: bool):
+    """The program to defer the host calls of (``closed``, JAX's own
+    callbacks made hostcall's), or None where it must run as it is; then
+    says once which call kept it so."""
+    rewritten = jax_callbacks.as_hostcalls(closed)
+    verdict = deferring.analyse(rewritten, queued=queued)
+    if verdict:
+      return rewritten
+    if verdict is None and not self._warned:
+      self._warned = True
+      rewritable = jax_callbacks.picker(rewritten)
+      kept = jax_callbacks.first_kept(
+          rewritten, lambda eqn: (deferring.keeps_live(eqn, queued)
+                                  and not rewritable(eqn)))
+      warnings.warn(
+          f"hostcall.jit: {getattr(self._fun, '__name__', 'the function')}"
+          f" runs as jax.jit runs it, its host calls inside the program "
+          f"(JAX's effects, its slower dispatch), because of {kept}: a "
+          "call whose results the program uses, or an effect hostcall.jit "
+          "cannot take out. hostcall.debug_print / debug_callback / "
+          "io_callback without results (and JAX's jax.debug.print, "
+          "jax.debug.callback, io_callback whose results are unused) are "
+          "taken out; see docs/performance.md.", HostcallJitWarning,
+          stacklevel=2)
+    return None
 
   def _traced_queueing(self, *args, **kwargs):
     if _jax_private.is_top_level():
@@ -172,8 +210,9 @@ class Jitted:
       # in jax.jit's rerun.
       return self._fun(*args, **kwargs)
     closed, values, out_tree = self._trace(args, kwargs)
-    if deferring.analyse(closed, queued=True):
-      outs = deferring.evaluate_threaded(closed, values)
+    deferrable = self._deferrable(closed, queued=True)
+    if deferrable is not None:
+      outs = deferring.evaluate_threaded(deferrable, values)
     else:
       outs = jax.extend.core.jaxpr_as_fun(closed)(*values)
     return jax.tree_util.tree_unflatten(out_tree, outs)
@@ -184,11 +223,13 @@ class Jitted:
     closed, values, out_tree = self._trace(args, kwargs)
     # Across processes, each process makes its own calls during the
     # program, as under jax.jit (a deferred value may live elsewhere).
-    if jax.process_count() > 1 or not deferring.analyse(closed):
+    deferrable = (None if jax.process_count() > 1
+                  else self._deferrable(closed, queued=False))
+    if deferrable is None:
       outs = jax.extend.core.jaxpr_as_fun(closed)(*values)
       return (jax.tree_util.tree_unflatten(out_tree, outs),
               _DeferredOutputs([], None))
-    outs, extra, nodes = deferring.evaluate(closed, values)
+    outs, extra, nodes = deferring.evaluate(deferrable, values)
     packs, plan = deferring.pack(extra, nodes)
     return (jax.tree_util.tree_unflatten(out_tree, outs),
             _DeferredOutputs(packs, plan))
@@ -206,6 +247,14 @@ class Jitted:
     self._plain.clear_cache()
     self._deferring.clear_cache()
     self._queueing.clear_cache()
+
+
+def _is_static(value) -> bool:
+  """Whether ``jax.jit`` passed ``value`` in as it is (a static argument):
+  it has leaves, none of them a tracer."""
+  leaves = jax.tree_util.tree_leaves(value)
+  return bool(leaves) and not any(
+      isinstance(leaf, _jax_private.Tracer) for leaf in leaves)
 
 
 def jit(fun: Callable | None = None, /, **jit_kwargs: Any):

@@ -46,6 +46,11 @@ def pure_callback(callback: Callable[..., Any], result_shape_dtypes: Any,
       one call per batch element, in index order (hostcall sends the whole
       batch in one host trip). ``"expand_dims"`` / ``"broadcast_all"``: one
       call with the batch axis in front. ``None``: ``vmap`` raises.
+      hostcall's extra, ``"concurrent"``: one call per batch element, as
+      ``"sequential"``, but run at the same time by a pool of threads
+      (for a host function that waits: I/O, a subprocess, a library that
+      releases the GIL); the results in index order, and a failure raises
+      the first failing element's exception, as in index order.
     jvp: hostcall's extra: ``jvp(primals, tangents, **kwargs)`` on the host.
     vjp: hostcall's extra: ``vjp(primals, cotangent, **kwargs)`` on the host.
     finite_differences: hostcall's extra: ``True`` (or a relative step) to

@@ -1,19 +1,69 @@
-"""A tour of the legacy host_callback taps under jit, scan, vmap and grad."""
+"""A tour of what hostcall does: each step a tiny snippet, shown, then run."""
 
 from __future__ import annotations
 
-import jax
-import jax.numpy as jnp
-import numpy as np
+import textwrap
 
-from hostcall import host_callback as hcb
+HELP = ("a tour of hostcall: callbacks, hostcall.jit, progress bars, "
+        "metrics, steered loops, gradients and the legacy taps")
 
-
-def _section(title: str) -> None:
-  print(f"\n== {title}")
-
-
-HELP = "legacy host_callback taps under jit, scan, vmap and grad"
+#: (title, snippet): each runs after the ones before it, in one namespace.
+STEPS = [
+    ("JAX's callbacks, renamed: hostcall.pure_callback and the others", """
+        import jax, jax.numpy as jnp, numpy as np, hostcall
+        f = jax.jit(lambda x: hostcall.pure_callback(
+            np.sort, jax.ShapeDtypeStruct(x.shape, x.dtype), x))
+        print("sorted on the host:", f(jnp.array([3.0, 1.0, 2.0])))
+        """),
+    ("hostcall.jit: a Python loop whose step prints without waiting", """
+        @hostcall.jit
+        def step(x):
+          hostcall.debug_print("step sees x = {x}", x=x)
+          return x * 2
+        x = jnp.float32(1.0)
+        for _ in range(3):
+          x = step(x)        # returns at once; the host prints in order
+        hostcall.barrier()   # waits for the prints
+        print("x =", x)
+        """),
+    ("progress bars for compiled loops and for Python loops", """
+        import io
+        out = io.StringIO()  # (a terminal or notebook without file=)
+        run = jax.jit(lambda: hostcall.progress.scan(
+            lambda c, _: (c + 1, None), 0, length=500, file=out, desc="scan"))
+        for _ in hostcall.progress.trange(2, desc="calls", file=out):
+          run()
+        print(out.getvalue().split("\\r")[-1].strip())
+        """),
+    ("metrics: rows logged from inside jit", """
+        log = hostcall.metrics.Run("tour", writers=["memory"])
+        fit = jax.jit(lambda w: jax.lax.fori_loop(0, 3, lambda i, w: (
+            log.log({"loss": jnp.sum(w * w)}, step=i), w * 0.5)[1], w))
+        fit(jnp.ones(2))
+        print([(row["step"], float(row["loss"])) for row in log.records()])
+        log.close()
+        """),
+    ("steering: a compiled loop stopped by a host predicate", """
+        out = jax.jit(lambda: hostcall.control.while_loop(
+            lambda c: c < 10**9, lambda c: c + 1, 0, every=100,
+            stop_when=lambda status: status.steps >= 1000))()
+        print("stopped:", bool(out.stopped), "after", int(out.steps),
+              "steps, by", hostcall.control.reason_name(out.reason))
+        """),
+    ("gradients through host functions", """
+        sin = lambda x: hostcall.pure_callback(
+            np.sin, jax.ShapeDtypeStruct(x.shape, x.dtype), x,
+            vjp=lambda p, ct: (np.cos(p[0]) * ct,))
+        print("d/dx sin(x) at 0 =", jax.grad(lambda x: sin(x).sum())(
+            jnp.zeros(2)))
+        """),
+    ("the legacy jax.experimental.host_callback, restored", """
+        from hostcall import host_callback as hcb
+        jax.jit(jax.vmap(lambda x: hcb.id_print(x * x, what="x^2")))(
+            jnp.array([2.0, 3.0]))
+        hcb.barrier_wait()
+        """),
+]
 
 
 def add_arguments(parser) -> None:
@@ -21,56 +71,13 @@ def add_arguments(parser) -> None:
 
 
 def run(args=None) -> int:
-  _section("jit + scan: one tap per step, delivered in program order")
-
-  def step(carry, x):
-    carry = 0.5 * carry + x
-    hcb.id_print(carry, what="carry")
-    return carry, carry
-
-  jax.jit(lambda xs: jax.lax.scan(step, 0.0, xs))(jnp.arange(1.0, 4.0))
-  hcb.barrier_wait()
-
-  _section("vmap: the tap receives the whole batch and the transforms")
-
-  def power3(x):
-    y = x * x
-    hcb.id_print((x, y), what="x,x^2")
-    return y * x
-
-  jax.jit(jax.vmap(power3))(jnp.array([2.0, 3.0]))
-  hcb.barrier_wait()
-
-  _section("grad: taps see primal values only, once per evaluation")
-  print("d/dx x^3 at 3 =", jax.grad(power3)(3.0))
-  hcb.barrier_wait()
-
-  _section("vmap of grad of jit")
-  print("grads =", jax.vmap(jax.grad(jax.jit(power3)))(jnp.array([1.0, 2.0])))
-  hcb.barrier_wait()
-
-  _section("call: a NumPy routine returns its result into the computation")
-
-  def host_eig(m):
-    return np.linalg.eigvalsh(m).astype(m.dtype)
-
-  @jax.jit
-  def spectrum(m):
-    return hcb.call(host_eig, m,
-                    result_shape=jax.ShapeDtypeStruct(m.shape[:-1], m.dtype))
-
-  print("eigenvalues =", spectrum(jnp.array([[2.0, 1.0], [1.0, 2.0]])))
-
-  _section("a failing tap is logged, never hangs, and the barrier raises it")
-
-  def fragile(value, transforms):
-    raise ValueError(f"cannot handle {value}")
-
-  jax.jit(lambda x: hcb.id_tap(fragile, x) + 1)(41.0).block_until_ready()
-  try:
-    hcb.barrier_wait()
-  except hcb.CallbackException as exc:
-    cause = exc.__cause__
-    print("barrier_wait raised CallbackException:",
-          f"{type(cause).__name__}: {cause}")
+  del args
+  namespace: dict = {}
+  for number, (title, snippet) in enumerate(STEPS, 1):
+    code = textwrap.dedent(snippet).strip("\n")
+    print(f"\n== {number}. {title}")
+    print(textwrap.indent(code, ">>> ", lambda line: True).replace(
+        ">>>  ", "...  ").replace(">>> \n", "\n"))
+    print("--")
+    exec(compile(code, f"<hostcall tour, step {number}>", "exec"), namespace)
   return 0

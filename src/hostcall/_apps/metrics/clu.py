@@ -61,6 +61,15 @@ class CluWriter(Writer):
   def __repr__(self):
     return f"CluWriter({self.writer!r})"
 
+  def check_metrics(self, shapes: dict[str, tuple]) -> None:
+    """Refuses, when ``Run.log`` is traced, an array metric beside a
+    metric named as one of its elements' keys (``w`` and ``w/0``).
+
+    Arguments:
+      shapes: ``{name: shape}`` of the call's metrics.
+    """
+    keys.check_collisions(shapes, "CLU")
+
   def write(self, block: Block) -> None:
     """Calls ``write_scalars`` once per step of ``block``.
 

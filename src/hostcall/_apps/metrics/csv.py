@@ -45,8 +45,14 @@ class CsvWriter(Writer):
   new start, and a block that finds it empty writes the header again
   first, so that the file left is a table of its own.
 
+  A writer dropped without ``close()`` closes its file when it is
+  garbage-collected.
+
   Arguments:
     path: the file to write.
+    append: go on after the rows the file holds (``Run(...,
+      exists="append")``), under its header (widened where new metrics
+      come), instead of starting it afresh.
 
   Attributes:
     path: the file written, as a ``pathlib.Path``.
@@ -64,12 +70,24 @@ class CsvWriter(Writer):
     1,3.0,4.0
   """
 
-  def __init__(self, path: str | os.PathLike):
+  def __init__(self, path: str | os.PathLike, append: bool = False):
     self.path = pathlib.Path(path)
     self.path.parent.mkdir(parents=True, exist_ok=True)
     self._header: list[str] | None = None
     self._fd: int | None = None
+    self._closer = None
     self._closed = False
+    if append and self.path.is_file() and self.path.stat().st_size:
+      self._header = _last_header(self.path)
+      if self._header is not None:  # else: started afresh at the first block
+        self._set_fd(files.open_for_append(self.path, truncate=False))
+
+  def _set_fd(self, fd: int | None) -> None:
+    """Closes the file open (if any); ``fd`` is the one from now on."""
+    if self._closer is not None:
+      self._closer()
+    self._fd = fd
+    self._closer = None if fd is None else files.close_when_dropped(self, fd)
 
   def write(self, block: Block) -> None:
     """Appends one line per row of ``block`` (in one write), widening the
@@ -119,10 +137,8 @@ class CsvWriter(Writer):
   def _open(self, names: list[str], rows: list[dict]) -> None:
     """Starts the file afresh: the header, then ``rows``."""
     self._header = names
-    if self._fd is not None:
-      os.close(self._fd)
-      self._fd = None
-    self._fd = files.open_for_append(self.path)
+    self._set_fd(None)
+    self._set_fd(files.open_for_append(self.path))
     out = io.StringIO(newline="")
     csv.DictWriter(out, names, restval="").writerows(rows)
     files.write_all(self._fd, (self._header_line() + out.getvalue()).encode(
@@ -135,17 +151,39 @@ class CsvWriter(Writer):
     rows, _ = reading.csv_rows(text, convert=False)
     self._open(self._header + extra, rows)
 
+  def start_afresh(self) -> None:
+    """Empties the table (what ``Run(..., exists="overwrite")`` calls once
+    all of the run's writers are made): the next block writes a header of
+    its own columns, then its rows."""
+    if self._fd is not None:
+      os.ftruncate(self._fd, 0)
+    self._header = None
+
   def flush(self) -> None:
     """Nothing to do: each ``write`` hands its rows to the file."""
 
   def close(self) -> None:
     """Closes the file; closing twice does nothing."""
     self._closed = True
-    fd, self._fd = self._fd, None
-    if fd is not None:
-      os.close(fd)
+    self._set_fd(None)
 
 
-def for_run(run_dir: pathlib.Path) -> CsvWriter:
-  """The writer of ``Run(writers=["csv"])``: ``<run_dir>/metrics.csv``."""
-  return CsvWriter(run_dir / "metrics.csv")
+def _last_header(path: pathlib.Path) -> list[str] | None:
+  """The last header (a record starting with ``step``) of the table at
+  ``path``, or None."""
+  with open(path, newline="", encoding="utf-8",
+            errors="surrogateescape") as f:
+    header = None
+    try:
+      for fields in csv.reader(f):
+        if fields[:1] == ["step"]:
+          header = fields
+    except csv.Error:  # a cut-off last record: the header is before it
+      pass
+  return header
+
+
+def for_run(run_dir: pathlib.Path, append: bool = False) -> CsvWriter:
+  """The writer of ``Run(writers=["csv"])``: ``<run_dir>/metrics.csv``,
+  started afresh or (``append``) gone on with."""
+  return CsvWriter(run_dir / "metrics.csv", append=append)

@@ -27,8 +27,13 @@ class JsonlWriter(Writer):
   from outside (logrotate's ``copytruncate``) goes on from its new start
   with whole rows.
 
+  A writer dropped without ``close()`` closes its file when it is
+  garbage-collected.
+
   Arguments:
     path: the file to write.
+    append: go on after the rows the file holds (``Run(...,
+      exists="append")``) instead of starting it afresh.
 
   Attributes:
     path: the file written, as a ``pathlib.Path``.
@@ -45,10 +50,12 @@ class JsonlWriter(Writer):
     {"step": 1, "loss": NaN}
   """
 
-  def __init__(self, path: str | os.PathLike):
+  def __init__(self, path: str | os.PathLike, append: bool = False):
     self.path = pathlib.Path(path)
     self.path.parent.mkdir(parents=True, exist_ok=True)
-    self._fd: int | None = files.open_for_append(self.path)
+    self._fd: int | None = files.open_for_append(self.path,
+                                                 truncate=not append)
+    self._closer = files.close_when_dropped(self, self._fd)
 
   def write(self, block: Block) -> None:
     """Appends one line per row of ``block`` (in one write, where it is not
@@ -80,16 +87,22 @@ class JsonlWriter(Writer):
     files.write_all(self._fd, "".join(line % row for row in zip(*column_text_lists)).encode(
         "utf-8", "surrogateescape"))
 
+  def start_afresh(self) -> None:
+    """Empties the file (what ``Run(..., exists="overwrite")`` calls once
+    all of the run's writers are made): the next rows are its first."""
+    if self._fd is not None:
+      os.ftruncate(self._fd, 0)
+
   def flush(self) -> None:
     """Nothing to do: each ``write`` hands its rows to the file."""
 
   def close(self) -> None:
     """Closes the file; closing twice does nothing."""
-    fd, self._fd = self._fd, None
-    if fd is not None:
-      os.close(fd)
+    self._fd = None
+    self._closer()  # closes the file once
 
 
-def for_run(run_dir: pathlib.Path) -> JsonlWriter:
-  """The writer of ``Run(writers=["jsonl"])``: ``<run_dir>/metrics.jsonl``."""
-  return JsonlWriter(run_dir / "metrics.jsonl")
+def for_run(run_dir: pathlib.Path, append: bool = False) -> JsonlWriter:
+  """The writer of ``Run(writers=["jsonl"])``: ``<run_dir>/metrics.jsonl``,
+  started afresh or (``append``) gone on with."""
+  return JsonlWriter(run_dir / "metrics.jsonl", append=append)

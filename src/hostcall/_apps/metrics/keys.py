@@ -32,7 +32,9 @@ def key_of(name: str, process=None, device=None, member=None,
 
 def steps(block: Block) -> list[tuple[int, dict[str, float | int]]]:
   """The rows of ``block``, each run of rows with one step (a step's vmap
-  members, processes and devices) joined into one ``{key: value}``.
+  members, processes and devices) joined into one ``{key: value}``; a key
+  met again in that run (the same step logged again, by another call)
+  starts another ``{key: value}`` of that step, so that no value is lost.
 
   Arguments:
     block: the rows.
@@ -49,6 +51,9 @@ def steps(block: Block) -> list[tuple[int, dict[str, float | int]]]:
     ...     step=np.array([0, 0, 1, 1]), member=np.array([0, 1, 0, 1]),
     ...     metrics={"loss": np.array([4.0, 3.0, 2.0, 1.0])}))
     [(0, {'loss/member_0': 4.0, 'loss/member_1': 3.0}), (1, {'loss/member_0': 2.0, 'loss/member_1': 1.0})]
+    >>> steps(hostcall.metrics.Block(
+    ...     step=np.array([2, 2]), metrics={"val": np.array([1.0, 2.0])}))
+    [(2, {'val': 1.0}), (2, {'val': 2.0})]
   """
   rows = len(block)
   if not rows:
@@ -72,10 +77,37 @@ def steps(block: Block) -> list[tuple[int, dict[str, float | int]]]:
   out: list[tuple[int, dict]] = []
   step_list = block.step.tolist()
   for row, step in enumerate(step_list):
-    if not out or out[-1][0] != step:
+    keyed = {name + where[row] + suffix: value
+             for name, per_row in values.items()
+             for suffix, value in per_row[row]}
+    if not out or out[-1][0] != step or not out[-1][1].keys().isdisjoint(
+        keyed):
       out.append((step, {}))
-    scalars = out[-1][1]
-    for name, per_row in values.items():
-      for suffix, value in per_row[row]:
-        scalars[name + where[row] + suffix] = value
+    out[-1][1].update(keyed)
   return out
+
+
+def check_collisions(shapes: dict[str, tuple], writer: str) -> None:
+  """Refuses metrics of one call whose keys would be the same: an array
+  ``w`` (keys ``w/0``, ``w/1``, ...) beside a scalar named ``w/0``.
+
+  Arguments:
+    shapes: ``{name: shape}`` of the call's metrics.
+    writer: the writer's name, for the message.
+
+  Raises:
+    ValueError: naming both metrics and the key.
+  """
+  for name in shapes:
+    head, parts = name, []
+    while "/" in head:
+      head, _, last = head.rpartition("/")
+      parts.insert(0, last)
+      shape = shapes.get(head)
+      if (shape is not None and len(shape) == len(parts)
+          and all(p.isdigit() and int(p) < n for p, n in zip(parts, shape))):
+        raise ValueError(
+            f"the {writer} writer keys an array metric's elements "
+            f"{head}/0, {head}/1, ...: the array {head!r} (shape {shape}) "
+            f"and the metric {name!r} would both be {name!r}, one value "
+            "overwriting the other. Rename one of them.")

@@ -7,6 +7,8 @@ from __future__ import annotations
 import logging
 import os
 import pathlib
+import posixpath
+import re
 import time
 from typing import Any, Mapping
 
@@ -24,6 +26,61 @@ def _said(exc: BaseException) -> str:
   return f"{type(exc).__name__}: {text[:300]}{'...' if len(text) > 300 else ''}"
 
 
+# MLflow's rule for the names of metrics and parameters (as
+# mlflow.utils.validation has it, colons allowed: they are but on Windows),
+# and its bounds on a key's length and a parameter's value.
+_NAME_CHARACTERS = re.compile(r"[/\w.\- :]*")
+MAX_KEY_LENGTH = 250
+MAX_PARAM_VALUE_LENGTH = 6000
+RULE = ("MLflow's names may only contain letters, digits, underscores (_), "
+        "dashes (-), periods (.), spaces, colons (:) and slashes (/), must "
+        "read the same as a normalised path (no leading '/', '//', './' or "
+        f"'..'), and are at most {MAX_KEY_LENGTH} characters")
+
+
+def refusal(name: str) -> str | None:
+  """Why MLflow refuses ``name`` as a metric's or parameter's key, or None.
+
+  Example:
+    >>> from hostcall._apps.metrics.mlflow import refusal
+    >>> refusal("loss/member_0") is None, refusal("acc@1")
+    (True, "'@' is not among the characters MLflow takes")
+  """
+  bad = sorted({c for c in name if not _NAME_CHARACTERS.fullmatch(c)})
+  if bad:
+    return (f"{', '.join(map(repr, bad))} "
+            f"{'is' if len(bad) == 1 else 'are'} not among the characters "
+            "MLflow takes")
+  normal = posixpath.normpath(name) if name else "."
+  if normal != name or normal == "." or normal.startswith(("..", "/")):
+    return f"MLflow would read it as the path {normal!r}"
+  if len(name) > MAX_KEY_LENGTH:
+    return (f"it has {len(name)} characters, more than MLflow's "
+            f"{MAX_KEY_LENGTH}")
+  return None
+
+
+def _check_params(params: Mapping[str, Any]) -> None:
+  """Refuses parameters MLflow would refuse (which would lose them all)."""
+  for key, value in params.items():
+    why = refusal(str(key))
+    if why is None and len(str(value)) > MAX_PARAM_VALUE_LENGTH:
+      why = (f"its value has {len(str(value))} characters, more than "
+             f"MLflow's {MAX_PARAM_VALUE_LENGTH}")
+    if why is not None:
+      raise ValueError(
+          f"the MLflow writer refuses the parameter {str(key)!r}: {why}. "
+          f"{RULE}. Rename it (e.g. {_renamed(str(key))!r}) or leave it out "
+          "of params=.")
+
+
+def _renamed(name: str) -> str:
+  """``name`` with what MLflow refuses replaced by ``_``."""
+  name = "".join(c if _NAME_CHARACTERS.fullmatch(c) else "_" for c in name)
+  return posixpath.normpath(name).lstrip("/").replace("..", "__")[
+      :MAX_KEY_LENGTH] or "_"
+
+
 class MlflowWriter(Writer):
   """The rows of a run as the metrics of one MLflow run (the ``mlflow``
   extra), logged to the tracking store the user has set
@@ -38,7 +95,13 @@ class MlflowWriter(Writer):
   step; a vmap member's value is its own key, ``<name>/member_<k>`` (and
   ``/device_<d>``, ``/process_<p>`` before it where rows have them), in the
   one MLflow run; an array metric is one key per element, ``<name>/0``,
-  ``<name>/1``, ...
+  ``<name>/1``, ... A key logged several times at one step (a step logged
+  again) keeps each value, in the order logged, in its history.
+
+  Names MLflow refuses (``"acc@1"``, ``"loss (train)"``: see ``refusal``)
+  are refused when ``Run.log`` is traced, and so are parameters it refuses,
+  when the writer is made: MLflow would refuse a whole batch for one of
+  them.
 
   A tracking store that cannot be reached or refuses to write (a bad URI,
   a read-only SQLite file) is reported as a full disk is: the failure is
@@ -66,6 +129,8 @@ class MlflowWriter(Writer):
   Raises:
     ImportError: ``mlflow`` is not installed (``pip install
       'hostcall[mlflow]'``).
+    ValueError: a parameter MLflow refuses (its name, or a value longer
+      than 6000 characters).
 
   Example:
     >>> import numpy as np, tempfile, hostcall
@@ -93,6 +158,7 @@ class MlflowWriter(Writer):
     self._experiment = (experiment if experiment is not None
                         else os.environ.get("MLFLOW_EXPERIMENT_NAME"))
     self._params = dict(params or {})
+    _check_params(self._params)
     self._tags = {str(k): str(v) for k, v in (tags or {}).items()}
     self.tracking_uri = tracking_uri or self._mlflow.get_tracking_uri()
     self.client = None
@@ -126,6 +192,25 @@ class MlflowWriter(Writer):
               for k, v in self._params.items()]
     for first in range(0, len(params), 100):  # MLflow's bound on params
       self.client.log_batch(self.run_id, params=params[first:first + 100])
+
+  def check_metrics(self, shapes: dict[str, tuple]) -> None:
+    """Refuses, when ``Run.log`` is traced, names MLflow refuses and an
+    array metric beside a metric named as one of its elements' keys.
+
+    Arguments:
+      shapes: ``{name: shape}`` of the call's metrics.
+
+    Raises:
+      ValueError: naming the metric and MLflow's rule.
+    """
+    for name in shapes:
+      why = refusal(name)
+      if why is not None:
+        raise ValueError(
+            f"the MLflow writer refuses the metric name {name!r}: {why}. "
+            f"{RULE}; one name it refuses would cost MLflow every metric "
+            f"of the block. Rename it, e.g. {_renamed(name)!r}.")
+    keys.check_collisions(shapes, "MLflow")
 
   def write(self, block: Block) -> None:
     """Logs the rows of ``block`` as metrics at their steps, in

@@ -60,7 +60,8 @@ def job() -> Job:
 
 def check_mode(processes) -> str:
   """``processes`` if it is one of ``MODES``, else a ``ValueError``."""
-  if processes not in MODES:
+  # (a list or other unhashable value is refused as a wrong string is)
+  if not isinstance(processes, str) or processes not in MODES:
     raise ValueError(
         f"Run(processes=...) is one of {sorted(MODES)} "
         f"({'; '.join(f'{k!r}: {v}' for k, v in MODES.items())}); got "

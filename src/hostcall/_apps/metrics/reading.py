@@ -32,7 +32,9 @@ def read(path: str | os.PathLike):
     where logged) and one column per metric.
 
   Rows cut off mid-write (a process killed while writing) are skipped, with
-  an ``IncompleteRowsWarning`` naming their lines.
+  an ``IncompleteRowsWarning`` naming their lines. Rows of one step (and
+  process, member, device) that different calls logged (``run.log`` and
+  ``run.log_grad``, say) are one row (see ``merge_rows``).
 
   Example:
     >>> import jax, hostcall, tempfile
@@ -47,7 +49,48 @@ def read(path: str | os.PathLike):
 
 def read_records(path: str | os.PathLike) -> list[dict[str, Any]]:
   """The rows of a run: its directory (``metrics.jsonl``, else
-  ``metrics.csv``) or one of those files."""
+  ``metrics.csv``) or one of those files; the rows of one step that
+  different calls logged joined (``merge_rows``)."""
+  return merge_rows(_file_records(path))
+
+
+_INDEX = ("step", "process", "member", "device")
+
+
+def merge_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+  """``rows`` with each row joined into the latest earlier one of the same
+  step, process, member and device where the two share no metric (what
+  ``run.log`` and ``run.log_grad`` logged at one step is one row); a row
+  that shares a metric with it (a metric logged twice at one step) stays a
+  row of its own, so that no value is lost.
+
+  Arguments:
+    rows: dicts, one a row, in the order logged.
+
+  Returns:
+    The joined rows, each where its first part was.
+
+  Example:
+    >>> from hostcall._apps.metrics.reading import merge_rows
+    >>> merge_rows([{"step": 0, "loss": 1.0}, {"step": 1, "loss": 0.5},
+    ...             {"step": 0, "grad": 2.0}, {"step": 0, "loss": 0.9}])
+    [{'step': 0, 'loss': 1.0, 'grad': 2.0}, {'step': 1, 'loss': 0.5}, {'step': 0, 'loss': 0.9}]
+  """
+  out: list[dict[str, Any]] = []
+  latest: dict[tuple, int] = {}
+  for row in rows:
+    index = tuple(row.get(name) for name in _INDEX)
+    at = latest.get(index)
+    if at is not None and all(k in _INDEX or k not in out[at] for k in row):
+      out[at].update(row)
+    else:
+      latest[index] = len(out)
+      out.append(dict(row))
+  return out
+
+
+def _file_records(path) -> list[dict[str, Any]]:
+  """The rows of a run's directory or file, as written."""
   path = files.as_path(path, "the run to read (a run directory or its "
                        "metrics file)")
   if path.is_dir() and not any((path / name).exists() for name in (
@@ -55,7 +98,7 @@ def read_records(path: str | os.PathLike) -> list[dict[str, Any]]:
     parts = _process_dirs(path)
     if parts:
       return [{"process": process, **row} if "process" not in row else row
-              for process, part in parts for row in read_records(part)]
+              for process, part in parts for row in _file_records(part)]
   if path.is_dir():
     for name in ("metrics.jsonl", "metrics.csv"):
       if (path / name).exists():

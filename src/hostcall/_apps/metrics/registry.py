@@ -15,7 +15,7 @@ import importlib
 import inspect
 import pathlib
 import types
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from hostcall._apps.metrics.clu import CluWriter, is_clu_writer
 from hostcall._apps.metrics.writer import Writer
@@ -35,12 +35,16 @@ class WriterEntry:
       'hostcall[<extra>]'``), or None.
     requires: the distributions that extra installs, whose versions
       ``hostcall info`` shows (as in ``pyproject.toml``).
+    files: whether the writer writes files in the run's directory (made
+      last by a run, after the run of the same directory it replaces has
+      closed its files).
   """
 
   name: str
   load: str
   extra: str | None = None
   requires: tuple[str, ...] = ()
+  files: bool = False
 
   def hint(self) -> str:
     """How to install what the writer needs."""
@@ -49,10 +53,10 @@ class WriterEntry:
 
 
 WRITERS: tuple[WriterEntry, ...] = (
-    WriterEntry("jsonl", "hostcall._apps.metrics.jsonl:for_run"),
-    WriterEntry("csv", "hostcall._apps.metrics.csv:for_run"),
+    WriterEntry("jsonl", "hostcall._apps.metrics.jsonl:for_run", files=True),
+    WriterEntry("csv", "hostcall._apps.metrics.csv:for_run", files=True),
     WriterEntry("tensorboard", "hostcall._apps.metrics.tensorboard:for_run",
-                extra="tensorboard", requires=("tensorboardX",)),
+                extra="tensorboard", requires=("tensorboardX",), files=True),
     WriterEntry("memory", "hostcall._apps.metrics.memory:for_run"),
     WriterEntry("mlflow", "hostcall._apps.metrics.mlflow:for_run",
                 extra="mlflow",
@@ -72,15 +76,30 @@ def extras() -> list[WriterEntry]:
 
 
 def make(spec, run_dir: pathlib.Path, name: str | None = None,
-         params: Mapping[str, Any] | None = None) -> Writer:
+         params: Mapping[str, Any] | None = None,
+         append: bool = False) -> Writer:
   """A writer from its name (one of ``WRITERS``), a ``Writer`` instance,
   or an object with CLU's ``MetricWriter`` interface (wrapped in a
   ``CluWriter``); a named writer that takes them is given the run's
-  ``name`` and ``params``."""
+  ``name``, ``params`` and ``append`` (whether to go on with the files an
+  earlier run left rather than start them afresh)."""
+  return maker(spec, run_dir, name, params, append)()
+
+
+def maker(spec, run_dir: pathlib.Path, name: str | None = None,
+          params: Mapping[str, Any] | None = None,
+          append: bool = False) -> Callable[[], Writer]:
+  """What ``make`` does, in two steps: the spec is checked and the named
+  writer's module imported now (a missing extra raises here, before a run
+  changes anything); the returned function makes the writer.
+
+  Returns:
+    A function of no arguments that returns the writer.
+  """
   if isinstance(spec, Writer):
-    return spec
+    return lambda: spec
   if is_clu_writer(spec):
-    return CluWriter(spec)
+    return lambda: CluWriter(spec)
   named = entries()
   if not (isinstance(spec, str) and spec in named):
     raise ValueError(f"a metrics writer is one of {sorted(named)}, a "
@@ -97,9 +116,15 @@ def make(spec, run_dir: pathlib.Path, name: str | None = None,
                       f"{found.hint()}") from exc
   make_writer = getattr(module, function)
   taken = inspect.signature(make_writer).parameters
-  options = {key: value for key, value in (("name", name), ("params", params))
-             if key in taken}
-  return make_writer(run_dir, **options)
+  options = {key: value for key, value in (
+      ("name", name), ("params", params), ("append", append)) if key in taken}
+  return lambda: make_writer(run_dir, **options)
+
+
+def writes_files(spec) -> bool:
+  """Whether ``spec`` names a writer that writes files in the run's
+  directory."""
+  return isinstance(spec, str) and spec in entries() and entries()[spec].files
 
 
 def import_extra(name: str, module: str) -> types.ModuleType:

@@ -9,15 +9,18 @@ one host call brings ``every`` steps, written as one block.
 
 from __future__ import annotations
 
+import itertools
+import logging
 import os
 import pathlib
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from hostcall._apps.metrics import files, processes as _processes, reading
+from hostcall._apps.metrics import sink as _sinks
 from hostcall._apps.metrics.log_target import LogTarget
 from hostcall._apps.metrics.memory import MemoryWriter
 from hostcall._apps.metrics.sink import RunSink
@@ -27,6 +30,8 @@ from hostcall._core import bind
 from hostcall._core.context import why_waiting_is_forbidden
 from hostcall._core.checks import describe_leaf, is_array_like
 from hostcall._flavours.grad import on_backward
+
+logger = logging.getLogger("hostcall")
 
 
 def _run_dir(root, name) -> pathlib.Path:
@@ -48,6 +53,40 @@ def _run_dir(root, name) -> pathlib.Path:
   return path
 
 
+#: What ``Run(exists=...)`` takes: what a run does where its directory
+#: already holds an earlier run's files (or an open run of this process).
+EXISTS = {
+    "new": "a directory of its own, <name>-2, <name>-3, ... (the default)",
+    "append": "go on after the earlier rows, in the same files",
+    "overwrite": "start the files afresh (the earlier rows are lost)",
+}
+
+
+def _taken(path: pathlib.Path) -> bool:
+  """Whether ``path`` holds anything, or is an open run's directory."""
+  if path.resolve() in _sinks.dirs_in_use():
+    return True
+  try:
+    if not os.path.lexists(path):
+      return False
+    return not path.is_dir() or any(path.iterdir())
+  except FileNotFoundError:
+    return False
+  except OSError:  # unreadable: never written over unasked
+    return True
+
+
+def _own_dir(base: pathlib.Path, part: str | None) -> pathlib.Path:
+  """The first of ``base``, ``base-2``, ``base-3``, ... whose directory
+  (``<it>/<part>`` where this process writes its own part) is free."""
+  for number in itertools.count(1):
+    candidate = base if number == 1 else base.with_name(
+        f"{base.name}-{number}")
+    if not _taken(candidate / part if part else candidate):
+      return candidate
+  raise AssertionError("unreachable")
+
+
 _INDEX_COLUMNS = frozenset({"member", "device", "process"})
 
 #: What ``Run.log_grad`` may log of each cotangent, and how.
@@ -66,7 +105,9 @@ def _grad_stats(cotangent, stats) -> dict:
     magnitude = flat.astype(jnp.float32)
   out = {}
   for stat in stats:
-    if stat == "norm":
+    if stat in ("min", "max") and flat.size == 0:
+      out[stat] = jnp.float32(jnp.nan)  # an empty value has no extremes
+    elif stat == "norm":
       out[stat] = jnp.sqrt(jnp.sum(jnp.square(jnp.abs(magnitude))))
     elif stat == "min":
       out[stat] = jnp.min(magnitude)
@@ -83,12 +124,72 @@ def _describe(value) -> str:
   return describe_leaf(value)
 
 
+def _check_step(step, example: str) -> None:
+  """Refuses a ``step`` that is not one integer, or one that does not fit
+  JAX's default integer."""
+  if not is_array_like(step) or not jnp.issubdtype(
+      jnp.result_type(step), jnp.integer) or jnp.ndim(step) != 0:
+    raise TypeError(
+        "step must be one integer (traced or not; under vmap, one per "
+        f"member), got {_describe(step)}: {example}. To log a vector of "
+        "values per step, log it as a metric.")
+  if isinstance(step, (int, np.integer)) and not isinstance(step, bool):
+    dtype = jnp.result_type(int)  # int32, or int64 under x64
+    if not jnp.iinfo(dtype).min <= int(step) <= jnp.iinfo(dtype).max:
+      raise ValueError(
+          f"step {int(step)} does not fit JAX's default integer "
+          f"({jnp.dtype(dtype).name}): {example} takes steps "
+          f"from {jnp.iinfo(dtype).min} to {jnp.iinfo(dtype).max}. "
+          "Enable 64-bit integers (jax.config.update('jax_enable_x64', "
+          "True)) for larger steps.")
+
+
+def _metrics_of(args: tuple, step, metrics: dict) -> tuple[Any, dict]:
+  """``(step, metrics)`` of ``Run.log``'s arguments: ``log(step,
+  **metrics)``, ``log({name: value}, step=step)`` (W&B's form) or
+  ``log(step, {name: value})``."""
+  given = [a for a in args if isinstance(a, Mapping)]
+  others = [a for a in args if not isinstance(a, Mapping)]
+  if len(args) > 2 or len(given) > 1 or len(others) > 1:
+    raise TypeError(
+        f"Run.log takes a step and a dict of metrics (or metrics as "
+        f"name=value), e.g. run.log(step, loss=loss) or run.log({{'loss': "
+        f"loss}}, step=step); got {len(args)} positional arguments: "
+        f"{', '.join(_describe(a) for a in args)}.")
+  if others:
+    if step is not None:
+      raise TypeError(
+          f"Run.log got the step twice: {_describe(others[0])} "
+          f"positionally and step={_describe(step)}; give it once.")
+    step = others[0]
+  if given:
+    named = dict(given[0])
+    for name in named:
+      if not isinstance(name, str):
+        raise TypeError(f"Run.log's dict of metrics is keyed by names "
+                        f"(str), got the key {name!r} of type "
+                        f"{type(name).__name__}.")
+    if "step" in named:
+      raise ValueError(
+          "Run.log's dict of metrics has the key 'step', the column of "
+          "step numbers: give the step as run.log(metrics, step=step), or "
+          "rename the metric.")
+    both = sorted(set(named) & set(metrics))
+    if both:
+      raise ValueError(
+          f"Run.log got the metric(s) {both} twice: in the dict and as "
+          "name=value; give each once.")
+    metrics = {**named, **metrics}
+  return step, metrics
+
+
 class Run:
   """A named run whose metrics are logged from inside ``jit``, ``scan``,
   ``vmap`` and ``grad``, without the device waiting for the disk.
 
   Arguments:
-    name: the run's name, a relative path; files go to ``<root>/<name>/``.
+    name: the run's name, a relative path; files go to ``<root>/<name>/``
+      (or ``<root>/<name>-2/``, ...: see ``exists``).
     root: the directory of runs (default ``runs``).
     writers: where rows go: ``"jsonl"`` (``metrics.jsonl``, the default),
       ``"csv"`` (``metrics.csv``), ``"tensorboard"`` (event files in
@@ -112,8 +213,27 @@ class Run:
       of the run's directory merges the processes' files. Make runs after
       ``jax.distributed.initialize()``, in the same order in every
       process, and close them before it shuts down.
+    exists: what the run does where ``<root>/<name>/`` already holds files
+      (an earlier run's) or is the directory of a run still open in this
+      process: ``"new"`` (the default) writes to a directory of its own,
+      the first free of ``<name>-2``, ``<name>-3``, ... (a warning says
+      where; ``run.dir`` is it), so that no run destroys an earlier one's
+      rows; ``"append"`` goes on after the earlier rows in the same files;
+      ``"overwrite"`` starts the files afresh. With ``"append"`` or
+      ``"overwrite"`` a run still open in this process with that directory
+      is replaced: it is flushed and closed, and whatever still logs to the
+      old object (a function compiled before) logs to the new run.
 
-  A run starts its files afresh. Rows reach the files at every
+  Attributes:
+    name: the run's name.
+    dir: the directory its files go to (``pathlib.Path``).
+    id: a number no other run of this process has.
+    writers: its writers (the named ones made).
+
+  A run that fails to open (a writer whose extra is missing, a tracking
+  tool that refuses to start, a directory that cannot be made) changes
+  nothing: no run is replaced, and the writers it made are closed. Rows
+  reach the files at every
   ``hostcall.barrier()``, ``run.flush()``, ``run.close()`` and at exit.
   Under ``vmap`` each member's values form their own row, with its
   ``member`` index (row-major over nested vmaps). Where JAX sees several
@@ -121,10 +241,11 @@ class Run:
   ``shard_map`` and ``pmap`` each device logs its own values), and in a job
   of several processes the ``process`` (see ``processes``).
 
-  Creating a run of the same directory as a run still open in this process
-  (a notebook cell run again) replaces it: the old run is flushed and
-  closed, and whatever still logs to the old object (a function compiled
-  before) logs to the new run.
+  ``Run.records()``, ``dataframe()`` and ``hostcall.metrics.read`` join
+  the rows of one step (and member, device, process) that different calls
+  logged (``log`` and ``log_grad``, say) into one row; a metric logged
+  twice at one step keeps both values, in two rows. The files hold the
+  rows as logged, one a call.
 
   Example:
     >>> import jax, jax.numpy as jnp, hostcall
@@ -143,7 +264,7 @@ class Run:
 
   def __init__(self, name: str = "run", root: str | os.PathLike = "runs",
                writers: Iterable = ("jsonl",), params: dict | None = None,
-               processes: str = "each"):
+               processes: str = "each", exists: str = "new"):
     if isinstance(writers, str) or not isinstance(writers, Iterable):
       writers = [writers]
     writers = list(writers)
@@ -152,40 +273,61 @@ class Run:
                       f"params={{'lr': 0.1}}; got {params!r} of type "
                       f"{type(params).__name__}.")
     processes = _processes.check_mode(processes)
+    if not isinstance(exists, str) or exists not in EXISTS:
+      raise ValueError(
+          f"Run(exists=...) is one of {sorted(EXISTS)} ("
+          f"{'; '.join(f'{k!r}: {v}' for k, v in EXISTS.items())}); got "
+          f"{exists!r}.")
     job = _processes.job()
     self.name = name
-    self.dir = _run_dir(root, name)
-    if job.process is not None and processes == "each":
-      self.dir = self.dir / f"process_{job.process}"
+    base = _run_dir(root, name)
+    part = (f"process_{job.process}"
+            if job.process is not None and processes == "each" else None)
+    self.dir = base if exists != "new" else _own_dir(base, part)
+    if self.dir != base:
+      logger.warning(
+          "hostcall: %s holds an earlier run's files (or an open run's), so "
+          "Run(%r) writes to %s (run.dir); pass exists='append' to go on with them, or "
+          "exists='overwrite' to start them afresh.", base, name, self.dir)
+    if part:
+      self.dir = self.dir / part
     self._sink = RunSink(name, self.dir, writers, params=params,
-                         processes=processes, job=job)
+                         processes=processes, job=job, exists=exists)
     self.id = self._sink.id
     self.writers: list = self._sink.writers
 
   def __repr__(self):
     return f"hostcall.metrics.Run({self.name!r}, dir={str(self.dir)!r})"
 
-  def log(self, step=None, **metrics) -> None:
+  def log(self, *args, step=None, **metrics) -> None:
     """Logs ``metrics`` (scalars or small arrays) at ``step``.
 
     Arguments:
+      *args: the step, a dict of metrics, or both: ``run.log(step,
+        loss=loss)``, ``run.log({"loss": loss}, step=step)`` (W&B's form),
+        ``run.log({"loss": loss})`` or ``run.log(step, {"loss": loss})``.
       step: the step number (an integer scalar, traced or not; under
         ``vmap``, one per member), positional or ``step=``; None numbers
         the calls of this run on the host 0, 1, 2, ...
       **metrics: name=value; JAX arrays, NumPy arrays of numbers or
         booleans, or Python numbers (not text: refused). Any string but
-        ``member``, ``device`` and ``process`` (columns hostcall fills) is
-        a valid name.
+        ``step``, ``member``, ``device`` and ``process`` (columns hostcall
+        fills) is a valid name for the file writers; a tracking tool's
+        writer refuses, when the call is traced, names its tool does not
+        take (MLflow: ``"acc@1"``, say), saying which and why. A name given
+        in the dict and as name=value is refused.
 
     Works inside and outside ``jit``; returns nothing. The values reach the
     writers asynchronously (see ``hostcall.set_delivery``).
     """
+    step, metrics = _metrics_of(args, step, metrics)
     sink = self._sink.current()
     if sink.closed:
       raise RuntimeError(f"{sink!r} is closed; open a new Run to log more.")
     if not metrics:
       raise TypeError("Run.log needs at least one metric, e.g. "
-                      "run.log(step, loss=loss).")
+                      "run.log(step, loss=loss) or run.log({'loss': loss}, "
+                      "step=step).")
     names = tuple(metrics)
     reserved = sorted(set(names) & _INDEX_COLUMNS)
     if reserved:
@@ -201,22 +343,9 @@ class Run:
             f"{describe_leaf(value)}. Log numbers; put text in the run name "
             "or a separate file.")
     operands = [jnp.asarray(v) for v in metrics.values()]
+    sink.check_metrics({n: tuple(v.shape) for n, v in zip(names, operands)})
     if step is not None:
-      if not is_array_like(step) or not jnp.issubdtype(
-          jnp.result_type(step), jnp.integer) or jnp.ndim(step) != 0:
-        raise TypeError(
-            "step must be one integer (traced or not; under vmap, one per "
-            f"member), got {_describe(step)}: run.log(step, loss=...). To "
-            "log a vector of values per step, log it as a metric.")
-      if isinstance(step, (int, np.integer)) and not isinstance(step, bool):
-        dtype = jnp.result_type(int)  # int32, or int64 under x64
-        if not jnp.iinfo(dtype).min <= int(step) <= jnp.iinfo(dtype).max:
-          raise ValueError(
-              f"step {int(step)} does not fit JAX's default integer "
-              f"({jnp.dtype(dtype).name}): run.log(step, ...) takes steps "
-              f"from {jnp.iinfo(dtype).min} to {jnp.iinfo(dtype).max}. "
-              "Enable 64-bit integers (jax.config.update('jax_enable_x64', "
-              "True)) for larger steps.")
+      _check_step(step, "run.log(step, loss=...)")
       operands.insert(0, jnp.asarray(step))
     log_target = LogTarget(sink, sink.id, names, step is not None)
     bind(operands, target=log_target, kind="call")
@@ -234,8 +363,9 @@ class Run:
         ``log``.
       stats: which statistics of each cotangent to log, among ``"norm"``
         (the Euclidean norm over every element of the value, a pytree
-        included), ``"min"``, ``"max"`` and ``"nans"`` (how many elements
-        are NaN); column ``grad_<stat>/<name>``.
+        included), ``"min"``, ``"max"`` (NaN for a value with no
+        elements) and ``"nans"`` (how many elements are NaN); column
+        ``grad_<stat>/<name>``.
       **named: name=value: the float values (arrays or pytrees of them)
         whose cotangents to watch.
 
@@ -279,11 +409,7 @@ class Run:
       self.log(saved_step, **metrics)
 
     if step is not None:
-      if not is_array_like(step) or not jnp.issubdtype(
-          jnp.result_type(step), jnp.integer) or jnp.ndim(step) != 0:
-        raise TypeError(
-            "step must be one integer (traced or not; under vmap, one per "
-            f"member), got {_describe(step)}: run.log_grad(step, w=w).")
+      _check_step(step, "run.log_grad(step, w=w)")
     values = tuple(named.values())
     for name, value in named.items():
       leaves = jax.tree_util.tree_leaves(value)
@@ -324,12 +450,20 @@ class Run:
     self.close()
 
   def records(self) -> list[dict[str, Any]]:
-    """Every row logged so far, as dicts (after a flush)."""
+    """Every row logged so far, as dicts (after a flush), the rows of one
+    step that different calls logged joined (``log`` and ``log_grad`` at
+    one step are one row; a metric logged twice at one step keeps both
+    values, in two rows).
+
+    Returns:
+      One dict a row: ``step`` (and ``process``, ``member``, ``device``
+      where logged), then the metrics.
+    """
     self.flush()
     sink = self._sink.current()
     for writer in sink.writers:
       if isinstance(writer, MemoryWriter):
-        return writer.records()
+        return reading.merge_rows(writer.records())
     return reading.read_records(sink.dir)
 
   def dataframe(self):

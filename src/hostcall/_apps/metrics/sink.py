@@ -4,9 +4,10 @@ A ``Run``'s log taps hand their rows to its sink, which counts them and
 puts them on the writer thread; the writer thread hands them back to the
 sink's ``write`` (the ``writer_thread.Sink`` interface), which gives them to
 the writers. Open sinks are kept by directory: a new run of the same
-directory replaces the open one (its successor takes what is still logged
-to it), every ``hostcall.barrier()`` flushes them all, and interpreter exit
-closes them.
+directory (``Run(exists="append")`` or ``"overwrite"``) replaces the open
+one once its own writers are made (its successor takes what is still
+logged to it; a run that fails to open hands it back), every
+``hostcall.barrier()`` flushes them all, and interpreter exit closes them.
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ class RunSink:
     processes: who writes in a job of several processes (one of
       ``processes.MODES``).
     job: the job's processes.
+    exists: what to do with the files an earlier run left in ``run_dir``
+      (``"append"``, ``"overwrite"``, or ``"new"``: there are none).
 
   Attributes:
     id: a number no other sink of this process has.
@@ -67,7 +70,8 @@ class RunSink:
 
   def __init__(self, name: str, run_dir: pathlib.Path, specs: Iterable,
                params=None, processes: str = "each",
-               job: _processes.Job = _processes.Job(None, 1)):
+               job: _processes.Job = _processes.Job(None, 1),
+               exists: str = "overwrite"):
     self.id = next(_ids)
     self.name = name
     self.dir = run_dir
@@ -86,19 +90,75 @@ class RunSink:
     self._writers_closed = False
     self.process = job.process
     self._gather: _processes.Gather | None = None
-    with _open_lock:
-      replaced = [s for s in _open if s.successor is None
-                  and s.dir.resolve() == self.dir.resolve()]
-      for old in replaced:
-        with old.lock:
-          old.successor = self  # from now on, its rows come here
-      _open.append(self)
+    self._checked: set = set()  # the metrics' names and shapes checked
+    made: list = []  # the writers this sink made itself (not the user's)
+    replaced: list[RunSink] = []
+    created = False  # whether the run's directory was made here
     try:
+      # Everything that can fail before a file is touched (a bad spec, a
+      # missing extra, a tracking tool refusing to start, a file where the
+      # directory should be) fails first, while an open run of the same
+      # directory is untouched; the files an earlier run left are kept
+      # until every writer is made ("overwrite" empties them only then).
+      plan = self._plan(specs, params, processes, job, exists != "new")
+      writers: list = [None] * len(plan)
+      if any(files for _, files, _ in plan):
+        created = not self.dir.exists()
+        self.dir.mkdir(parents=True, exist_ok=True)
+      for index, (make, files, ours) in enumerate(plan):
+        if not files:
+          writers[index] = make()
+          if ours:
+            made.append(writers[index])
+      with _open_lock:
+        replaced = [s for s in _open if s.successor is None
+                    and s.dir.resolve() == self.dir.resolve()]
+        for old in replaced:
+          with old.lock:
+            old.successor = self  # from now on, its rows come here
+        _open.append(self)
       for old in replaced:
-        old.retire()  # one writer per file, never two
-      self.writers[:] = self._make_writers(specs, params, processes, job)
+        old.drain()  # its rows written: its writers idle from now on
+      # The file writers last, once the replaced run's are idle (one
+      # writer per file at a time); the replaced run's writers are closed
+      # only once these are made, so that a failure can hand it back.
+      for index, (make, files, ours) in enumerate(plan):
+        if files:
+          writers[index] = make()
+          if ours:
+            made.append(writers[index])
+      self.writers[:] = writers
+      if job.process == 0 and processes == "gather":
+        self._gather = _processes.Gather(job.client, self._channel,
+                                         job.count, self.put)
+      if exists == "overwrite":
+        for writer in made:
+          start_afresh = getattr(writer, "start_afresh", None)
+          if start_afresh is not None:
+            start_afresh()
     except BaseException:
       self.closed = True
+      self._writers_closed = True
+      if replaced:  # the replaced run takes its rows again, and ours
+        self.writers[:] = replaced[0].writers
+        for old in replaced:
+          with old.lock:
+            old.successor = None
+      for writer in made:  # nothing of a run that failed to open stays open
+        try:
+          writer.close()
+        except Exception:  # noqa: BLE001 - the first failure is raised
+          logger.debug("hostcall: closing %r of a run that failed to open",
+                       writer, exc_info=True)
+      if created:  # the directory made for it, and the files made in it
+        try:
+          for writer in made:
+            path = getattr(writer, "path", None)
+            if isinstance(path, pathlib.Path) and path.parent == self.dir:
+              path.unlink(missing_ok=True)
+          self.dir.rmdir()
+        except OSError:  # another's file in it: left as it is
+          pass
       with _open_lock:
         if self in _open:
           _open.remove(self)
@@ -106,29 +166,37 @@ class RunSink:
     finally:
       self._ready.set()
       writer_thread.shared.put(self, writer_thread.RESUME)
+    for old in replaced:  # this run is open: the one it replaced closes
+      try:
+        old.close_writers()
+      except Exception as exc:  # noqa: BLE001 - this run is open all the same
+        errors.postpone(exc, f"closing the writers of {old!r}, replaced")
 
   def __repr__(self):
     return f"hostcall.metrics.Run({self.name!r}, dir={str(self.dir)!r})"
 
-  def _make_writers(self, specs, params, processes, job) -> list:
-    """The writers of this process: the run's own, or (a process other
-    than 0 where only process 0 writes) one that sends rows to process 0,
-    or none."""
+  def _plan(self, specs, params, processes, job, append) -> list:
+    """How to make the writers of this process: ``(make, files, ours)``
+    for each, in order (``make()`` returns the writer; ``files``: it writes
+    files in the run's directory; ``ours``: made here, not the user's). The
+    run's own writers, or (a process other than 0 where only process 0
+    writes) one that sends rows to process 0, or none."""
+    def named(spec, name):
+      return (registry.maker(spec, self.dir, name, params, append),
+              registry.writes_files(spec), isinstance(spec, str))
+
     if job.process is None:
-      return [registry.make(w, self.dir, self.name, params) for w in specs]
+      return [named(w, self.name) for w in specs]
     # Every process numbers its runs of a name alike, whatever it writes.
-    prefix = _processes.channel(self.name)
+    self._channel = _processes.channel(self.name)
     if processes == "each":  # one MLflow / W&B run a process
-      return [registry.make(w, self.dir, f"{self.name}/process_{job.process}",
-                            params) for w in specs]
+      return [named(w, f"{self.name}/process_{job.process}") for w in specs]
     if job.process == 0:
-      writers = [registry.make(w, self.dir, self.name, params) for w in specs]
-      if processes == "gather":
-        self._gather = _processes.Gather(job.client, prefix, job.count,
-                                         self.put)
-      return writers
+      return [named(w, self.name) for w in specs]
     if processes == "gather":
-      return [_processes.ForwardWriter(job.client, f"{prefix}/{job.process}")]
+      channel = f"{self._channel}/{job.process}"
+      return [(lambda: _processes.ForwardWriter(job.client, channel), False,
+               True)]
     return []  # "zero": this process's rows are dropped
 
   def await_other_processes(self) -> None:
@@ -153,6 +221,19 @@ class RunSink:
     while sink.successor is not None:
       sink = sink.successor
     return sink
+
+  def check_metrics(self, shapes: dict[str, tuple]) -> None:
+    """Has each writer refuse, when a ``Run.log`` call is traced, metrics
+    it could not keep (``Writer.check_metrics``); each set of names and
+    shapes is checked once."""
+    key = tuple(shapes.items())
+    if key in self._checked:
+      return
+    for writer in self.writers:
+      check = getattr(writer, "check_metrics", None)
+      if callable(check):
+        check(dict(shapes))
+    self._checked.add(key)
 
   # From the taps' delivery ------------------------------------------------
 
@@ -257,13 +338,13 @@ class RunSink:
     if failures:
       raise failures[0]
 
-  def retire(self) -> None:
-    """Writes what this sink (replaced by a new one) was handed and closes
-    its writers; what it is handed later goes to its successor."""
-    try:
-      self.drain()
-    finally:
-      self.close_writers()
+
+
+def dirs_in_use() -> set[pathlib.Path]:
+  """The directories (resolved) of the runs open in this process."""
+  with _open_lock:
+    return {s.dir.resolve() for s in _open
+            if s.successor is None and not s.closed}
 
 
 def _flush_all() -> None:

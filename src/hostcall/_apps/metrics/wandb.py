@@ -12,6 +12,10 @@ from hostcall._apps.metrics.block import Block
 from hostcall._apps.metrics.writer import Writer
 
 
+#: The history columns W&B fills itself.
+_WANDB_COLUMNS = ("_step", "_runtime", "_timestamp")
+
+
 class WandbWriter(Writer):
   """The rows of a run as the history of one Weights & Biases run (the
   ``wandb`` extra): ``wandb.init`` with the user's settings, one
@@ -65,6 +69,26 @@ class WandbWriter(Writer):
 
   def __repr__(self):
     return f"WandbWriter({self.run.name!r})"
+
+  def check_metrics(self, shapes: dict[str, tuple]) -> None:
+    """Refuses, when ``Run.log`` is traced, the names of W&B's own history
+    columns (``_step``, ``_runtime``, ``_timestamp``), and an array metric
+    beside a metric named as one of its elements' keys (``w`` and
+    ``w/0``).
+
+    Arguments:
+      shapes: ``{name: shape}`` of the call's metrics.
+
+    Raises:
+      ValueError: naming the metric and why.
+    """
+    for name in shapes:
+      if name in _WANDB_COLUMNS and shapes[name] == ():
+        raise ValueError(
+            f"the W&B writer refuses the metric name {name!r}: W&B fills "
+            f"the history column {name!r} itself ({', '.join(_WANDB_COLUMNS)}"
+            f"), and would mix the two. Rename it, e.g. {name[1:]!r}.")
+    keys.check_collisions(shapes, "W&B")
 
   def write(self, block: Block) -> None:
     """Logs the rows of ``block``: one ``run.log`` per step, with every

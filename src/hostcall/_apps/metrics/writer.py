@@ -57,6 +57,21 @@ class Writer:
     """
     raise NotImplementedError
 
+  def check_metrics(self, shapes: dict[str, tuple]) -> None:
+    """Refuses metrics this writer could not keep, when a ``Run.log`` call
+    is traced (never on the writer thread, where a refusal would lose
+    rows). The base class takes every metric.
+
+    Arguments:
+      shapes: the call's metrics: ``{name: shape}`` (a scalar's shape is
+        ``()``; under ``vmap``, a member's).
+
+    Raises:
+      ValueError: a name (or a name beside another) the writer refuses,
+        saying which writer, which name and why.
+    """
+    del shapes
+
   def flush(self) -> None:
     """Makes every row written so far reach its destination (a file's
     buffer to the disk, say).

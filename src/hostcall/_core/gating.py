@@ -1,0 +1,129 @@
+"""``vmap`` of a ``cond`` whose predicate is batched: host calls only for
+the lanes that took their branch.
+
+JAX batches such a ``cond`` (``switch`` too) by running every branch for
+every lane and selecting each lane's results, so a debug callback in a
+branch ran for lanes that never took it (JAX #19314, #15039), and JAX
+refuses io callbacks there. hostcall makes the same rewrite in ``cond``'s
+batching rule, but first gives each of its gatable calls in a branch one
+more operand, the lane's "took this branch" flag, and a ``("gate",)``
+entry in its ``transforms``: the host drops the lanes whose flag is false
+(``CallbackTarget.deliver``), so a call sees only the lanes that took its
+branch.
+
+A gatable call is one whose target says so (``HostTarget.gatable``: JAX's
+impure flavours, not the legacy taps, whose module showed the whole batch).
+Calls anywhere in a branch are gated (through nested ``jit``s, ``scan``s,
+``while_loop``s and ``cond``s, rebuilt with ``lax``'s functions), a call in
+nested batched ``cond``s once per ``cond`` (the lane must have taken every
+branch); a ``cond`` holding an effect that cannot be gated (JAX's own io
+callback, say) is left to JAX's rule unchanged.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+from jax.extend import core as jex_core
+from jax.extend.core import primitives
+
+from hostcall import _jax_private
+from hostcall._core import rewriting
+
+_batch_cond = _jax_private.fancy_primitive_batchers[primitives.cond_p]
+_GATE = ("gate",)
+_host_primitive = None
+
+
+def gates(transforms) -> int:
+  """How many "took this branch" flags end a call's operands (one per
+  ``cond`` under ``vmap`` that holds it)."""
+  return transforms.count(_GATE)
+
+
+def _gatable(eqn) -> bool:
+  return (eqn.primitive is _host_primitive
+          and eqn.params["target"].gatable)
+
+
+def _gated_fun(closed, taken):
+  """``closed`` as a function of its operands, each gatable call, wherever
+  it sits, given ``taken``."""
+  def rewrite(eqn, invals):
+    if not _gatable(eqn):
+      return None
+    params = dict(eqn.params, transforms=eqn.params["transforms"] + (_GATE,))
+    outs = _host_primitive.bind(*invals, taken, **params)
+    return outs[:-1] if eqn.params["kind"] == "tap" else outs
+  return rewriting.as_function(closed, rewrite)
+
+
+def _cond_batching_rule(axis_data, args, dims, *, branches, **params):
+  index_dim = dims[0]
+  plans = [rewriting.plan(b, _gatable) for b in branches]
+  if None in plans or not any(plans) or "branches_platforms" in params:
+    return _batch_cond(axis_data, args, dims, branches=branches, **params)
+  if index_dim is None:
+    return _one_branch_for_all_lanes(axis_data, args, dims, branches, params)
+  # As JAX's rule: every operand batched in front, every branch run for
+  # every lane, each lane's results selected by its index; and each
+  # gatable call told, per lane, whether its branch was taken.
+  index, *ops = [_jax_private.broadcast_batched(x, axis_data, d)
+                 for x, d in zip(args, dims)]
+  outs_per_branch = []
+  for i, branch in enumerate(branches):
+    taken = index == i
+
+    def gated(taken, *ops, branch=branch):
+      return _gated_fun(branch, taken)(*ops)
+
+    specs = [jax.ShapeDtypeStruct((), np.bool_),
+             *[jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=getattr(
+                 a, "weak_type", False)) for a in branch.in_avals]]
+    gated_jaxpr = jax.make_jaxpr(gated)(*specs)
+    batched = _jax_private.batch_jaxpr_axes(
+        gated_jaxpr, axis_data, [0] * (1 + len(ops)),
+        [0] * len(branch.out_avals))
+    # The operands each branch sees are stopped from differentiating
+    # through the lanes that did not take it, as in JAX's rule (#1052).
+    ops_i = [_select_lanes(taken, x, jax.lax.stop_gradient(x)) for x in ops]
+    outs_per_branch.append(jex_core.jaxpr_as_fun(batched)(taken, *ops_i))
+  outs = [_select_lanes_n(index, list(column))
+          for column in zip(*outs_per_branch)]
+  return outs, [0] * len(outs)
+
+
+def _one_branch_for_all_lanes(axis_data, args, dims, branches, params):
+  """An unbatched predicate: the cond stays a cond, every lane takes the
+  same branch, and its calls need no gate. JAX's rule, without its refusal
+  of io effects (made for the select it makes of a batched predicate)."""
+  index, *ops = args
+  ops_bat = [d is not None for d in dims[1:]]
+  ops = [_jax_private.broadcast_batched(x, axis_data, d) if d is not None
+         else x for x, d in zip(ops, dims[1:])]
+  out_bat = [any(column) for column in zip(*[
+      _jax_private.batch_jaxpr(b, axis_data, ops_bat, False)[1]
+      for b in branches])]
+  batched = tuple(_jax_private.batch_jaxpr(b, axis_data, ops_bat, out_bat)[0]
+                  for b in branches)
+  outs = primitives.cond_p.bind(index, *ops, branches=batched, **params)
+  return outs, [0 if b else None for b in out_bat]
+
+
+def _select_lanes(pred, x, y):
+  pred = jax.lax.broadcast_in_dim(pred, x.shape, (0,))
+  return jax.lax.select(pred, x, y)
+
+
+def _select_lanes_n(index, cases):
+  index = jax.lax.broadcast_in_dim(index, cases[0].shape, (0,))
+  return jax.lax.select_n(index, *cases)
+
+
+def install(host_primitive) -> None:
+  """Takes over ``cond``'s batching rule for branches holding gatable
+  calls of ``host_primitive``; every other ``cond`` goes to JAX's rule."""
+  global _host_primitive
+  _host_primitive = host_primitive
+  _jax_private.fancy_primitive_batchers[primitives.cond_p] = \
+      _cond_batching_rule

@@ -1,0 +1,134 @@
+"""JAX's own callbacks made hostcall's, so that ``hostcall.jit`` defers them.
+
+``jax.debug.print``, ``jax.debug.callback`` and a result-less
+``jax.experimental.io_callback`` in a program compiled by ``hostcall.jit``
+carry JAX's effects, which keep the whole program off JAX's fast dispatch
+path. ``as_hostcalls`` rewrites each (wherever it sits: nested ``jit``s,
+loop bodies, branches; see ``hostcall._core.rewriting``) into a hostcall
+debug or io call of the same primitive's own eager implementation: on the
+host, JAX formats, places the values on the CPU and calls the callback
+exactly as it does outside ``jit``, with the same ordering (an ordered one
+stays ordered) and JAX's failure log. ``first_kept`` names a call that
+stays, for the one warning ``hostcall.jit`` gives.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.extend
+import jax.numpy as jnp
+
+from hostcall import _jax_private
+from hostcall._core import rewriting
+from hostcall._flavours import _stage
+from hostcall._flavours.debug import stage_debug
+
+_DEBUG = ("debug_callback", "debug_print")
+
+
+def _ordered(eqn) -> bool:
+  if "ordered" in eqn.params:
+    return bool(eqn.params["ordered"])
+  return any(_jax_private.is_ordered_effect(e) for e in eqn.effects)
+
+
+def _unread_io_callbacks(jaxpr, found: set) -> set:
+  """The ids of the io callback equations of ``jaxpr`` (and the jaxprs in
+  it) whose results nothing reads."""
+  jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
+  read = {v for eqn in jaxpr.eqns for v in eqn.invars
+          if not isinstance(v, jax.extend.core.Literal)}
+  read.update(v for v in jaxpr.outvars
+              if not isinstance(v, jax.extend.core.Literal))
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "io_callback" and not any(
+        v in read and not _jax_private.is_dropped(v) for v in eqn.outvars):
+      found.add(id(eqn))
+    for sub in rewriting.inner_jaxprs(eqn) or []:
+      _unread_io_callbacks(sub, found)
+  return found
+
+
+def picker(closed):
+  """Which equations of ``closed`` ``as_hostcalls`` rewrites: a debug
+  callback or print (not partitioned), or an io callback whose results
+  nothing reads."""
+  unread = _unread_io_callbacks(closed, set())
+
+  def is_jax_callback(eqn) -> bool:
+    name = eqn.primitive.name
+    if name in _DEBUG:
+      return not eqn.params.get("partitioned", False)
+    if name == "io_callback":
+      return (_jax_private.io_callback_impl is not None
+              and eqn.params.get("sharding") is None and id(eqn) in unread)
+    return False
+  return is_jax_callback
+
+
+class _Eager:
+  """The host function of a rewritten call: the primitive's own eager
+  implementation, called with its parameters (its results dropped)."""
+
+  def __init__(self, eqn):
+    self.primitive, self.params = eqn.primitive, dict(eqn.params)
+    self.__name__ = getattr(self.params.get("callback"), "__name__",
+                            eqn.primitive.name)
+
+  def __call__(self, *args):
+    if self.primitive.name == "io_callback":
+      _jax_private.io_callback_impl(*args, **self.params)
+    else:
+      self.primitive.impl(*args, **self.params)
+
+
+def _rewrite(is_jax_callback, eqn, invals):
+  if not is_jax_callback(eqn):
+    return None
+  eager, ordered = _Eager(eqn), _ordered(eqn)
+  if eqn.primitive.name in _DEBUG:
+    stage_debug("debug_callback", eager, tuple(invals), {},
+                "debug_ordered" if ordered else "unordered", False)
+    return []
+  _stage.stage("io_callback", eager, None, tuple(invals), {},
+               ordering="io_ordered" if ordered else "io", sharding=None,
+               partitioned=False, vmap_method="sequential", vmap_error=None,
+               jvp_error=None)
+  return [jnp.zeros(v.aval.shape, v.aval.dtype) for v in eqn.outvars]
+
+
+def as_hostcalls(closed):
+  """``closed`` with each of JAX's callbacks that ``picker`` picks made a
+  hostcall call; ``closed`` itself where it holds none (or one past an
+  effect the rewrite cannot reach)."""
+  is_jax_callback = picker(closed)
+  if not rewriting.plan(closed, is_jax_callback):
+    return closed
+  specs = [jax.ShapeDtypeStruct(a.shape, a.dtype,
+                                weak_type=getattr(a, "weak_type", False))
+           for a in closed.in_avals]
+  rewrite = functools.partial(_rewrite, is_jax_callback)
+  return jax.make_jaxpr(rewriting.as_function(closed, rewrite))(*specs)
+
+
+def first_kept(jaxpr, kept) -> str | None:
+  """A description of the first equation of ``jaxpr`` (searched through
+  nested jaxprs) for which ``kept(eqn)``, or None."""
+  for eqn in getattr(jaxpr, "jaxpr", jaxpr).eqns:
+    if kept(eqn):
+      return _describe(eqn)
+    for sub in rewriting.inner_jaxprs(eqn) or []:
+      found = first_kept(sub, kept)
+      if found is not None:
+        return found
+  return None
+
+
+def _describe(eqn) -> str:
+  target = eqn.params.get("target")
+  what = repr(target) if target is not None else eqn.primitive.name
+  where = _jax_private.user_frame_of(eqn)
+  return f"{what}{f' at {where}' if where else ''}"
+

@@ -1,0 +1,217 @@
+"""A host call written once a step runs once a step, whatever wraps it.
+
+Each test here was found failing (issue 39): a result-less io callback in a
+loop under ``grad`` was dropped; a call whose operands do not change from
+step to step was hoisted out of the loop under ``grad`` (JAX #16637); an io
+callback in a ``custom_vjp`` forward rule inside a loop was dropped, so the
+backward rule found nothing (JAX #23614); io callbacks in ``checkpoint``
+under ``grad`` were refused with JAX's words only; and ``vmap`` of a host
+function that waits ran its lanes one after the other (JAX #24756). The
+``cond`` under ``vmap`` cases are in ``test_fidelity.py``; the several-device
+ones in ``multidevice/test_compositions.py``; the full table of cells in
+``test_composition_matrix.py``.
+"""
+
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import hostcall
+from hostcall import host_callback as hcb
+
+F32 = jax.ShapeDtypeStruct((), jnp.float32)
+STEPS = 5
+
+
+def _scan(body, x):
+  return lax.scan(lambda c, _: (body(c), None), x, length=STEPS)[0]
+
+
+def _fori(body, x):
+  return lax.fori_loop(0, STEPS, lambda i, c: body(c), x)
+
+
+LOOPS = {"scan": _scan, "fori_loop": _fori}
+WRAPS = {"grad": jax.grad, "jit(grad)": lambda f: jax.jit(jax.grad(f)),
+         "value_and_grad": lambda f: lambda x: jax.value_and_grad(f)(x)[1],
+         "vjp": lambda f: lambda x: jax.vjp(f, x)[1](1.0)[0]}
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+@pytest.mark.parametrize("wrap", WRAPS)
+@pytest.mark.parametrize("ordered", [True, False])
+def test_a_result_less_io_callback_of_the_carry_runs_once_a_step(
+    loop, wrap, ordered):
+  seen = []
+
+  def body(c):
+    hostcall.io_callback(lambda v: seen.append(float(v)), None, c,
+                         ordered=ordered)
+    return c * 2.0
+
+  grad = WRAPS[wrap](lambda x: LOOPS[loop](body, x))(1.0)
+  hostcall.barrier()
+  assert float(grad) == 2.0 ** STEPS
+  # The primal values, once each, in step order where ordered.
+  expected = [2.0 ** i for i in range(STEPS)]
+  assert (seen if ordered else sorted(seen)) == expected
+
+
+CALLS_WITHOUT_CARRY = {
+    "debug_callback, no operand": lambda seen, k: hostcall.debug_callback(
+        lambda: seen.append("step")),
+    "debug_callback of a constant": lambda seen, k: hostcall.debug_callback(
+        lambda v: seen.append(float(v)), k),
+    "debug_print of a constant": lambda seen, k: hostcall.debug_print(
+        "k={}", k),
+    "io_callback, no operand": lambda seen, k: hostcall.io_callback(
+        lambda: seen.append("step"), None, ordered=True),
+    "io_callback of a constant": lambda seen, k: hostcall.io_callback(
+        lambda v: seen.append(float(v)), None, k),
+    "id_tap of a constant": lambda seen, k: hcb.id_tap(
+        lambda v, t: seen.append(float(v)), k),
+}
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+@pytest.mark.parametrize("wrap", ["jit", *WRAPS])
+@pytest.mark.parametrize("call", CALLS_WITHOUT_CARRY)
+def test_a_call_whose_operands_do_not_change_runs_once_a_step(
+    loop, wrap, call, capfd):
+  seen = []
+  k = jnp.float32(3.0)
+
+  def body(c):
+    CALLS_WITHOUT_CARRY[call](seen, k)
+    return c * 2.0
+
+  f = lambda x: LOOPS[loop](body, x)
+  transform = jax.jit if wrap == "jit" else WRAPS[wrap]
+  out = transform(f)(1.0)
+  hostcall.barrier()
+  assert float(out) == 2.0 ** STEPS
+  if call.startswith("debug_print"):
+    assert capfd.readouterr().out == "k=3.0\n" * STEPS
+  else:
+    assert seen == ([3.0] * STEPS if "constant" in call else ["step"] * STEPS)
+
+
+def test_jaxs_own_debug_callback_is_still_hoisted_as_jax_does():
+  # The deliberate difference in docs/compatibility.md: hostcall leaves
+  # JAX's own debug callbacks as JAX runs them (hoisted: once, not 5
+  # times). If JAX stops hoisting, this fails and the docs change.
+  seen = []
+
+  def body(c):
+    jax.debug.callback(lambda: seen.append(1))
+    return c * 2.0
+
+  jax.jit(jax.grad(lambda x: _scan(body, x)))(1.0)
+  jax.effects_barrier()
+  assert seen == [1]
+
+
+def test_an_io_callback_in_a_custom_vjp_forward_rule_in_a_loop_is_kept():
+  # JAX #23614: the forward rule stores what the backward rule loads.
+  store, loads = [], []
+
+  @jax.custom_vjp
+  def double(x):
+    return x * 2.0
+
+  def forward(x):
+    hostcall.io_callback(lambda v: store.append(float(v)), None, x,
+                         ordered=True)
+    return x * 2.0, None
+
+  def backward(_, g):
+    saved = hostcall.io_callback(
+        lambda: (loads.append(store[-1]), np.float32(store.pop()))[1], F32,
+        ordered=True)
+    return (g * (saved + 1.0),)
+
+  double.defvjp(forward, backward)
+  grad = jax.jit(jax.grad(lambda x: _scan(double, x)))(1.0)
+  hostcall.barrier()
+  # Forward values 1, 2, 4, 8, 16, loaded in reverse, each used once.
+  assert loads == [16.0, 8.0, 4.0, 2.0, 1.0]
+  assert float(grad) == 17.0 * 9.0 * 5.0 * 3.0 * 2.0
+  assert store == []
+
+
+@pytest.mark.parametrize("ordered", [True, False])
+def test_io_callback_in_checkpoint_under_grad_is_refused_with_the_way_out(
+    ordered):
+  f = jax.checkpoint(lambda x: (hostcall.io_callback(
+      lambda v: None, None, x, ordered=ordered), jnp.sin(x))[1])
+  with pytest.raises(NotImplementedError) as info:
+    jax.grad(f)(1.0)
+  message = str(info.value)
+  # JAX's words, then which call and what to write instead; no addresses.
+  assert "Effects not supported in" in message and "checkpoint" in message
+  assert "hostcall: an io_callback inside jax.checkpoint" in message
+  assert "hostcall.debug_callback" in message and "id_tap" in message
+  assert " at 0x" not in message
+
+
+# --- vmap_method="concurrent" -------------------------------------------------
+
+def test_concurrent_lanes_run_at_the_same_time_and_keep_lane_order():
+  lanes = 4
+  # Every lane waits for all the others: only lanes run at once get past
+  # it (one after the other, the first would wait out the timeout).
+  meeting = threading.Barrier(lanes, timeout=60)
+  contexts = []
+
+  def host(v):
+    meeting.wait()
+    contexts.append(hostcall.call_context().transforms)
+    return (v * 10).astype(np.float32)
+
+  f = jax.jit(jax.vmap(lambda x: hostcall.pure_callback(
+      host, F32, x, vmap_method="concurrent")))
+  np.testing.assert_array_equal(f(jnp.arange(4.0)), [0, 10, 20, 30])
+  # Each thread ran in the call's context.
+  assert contexts == [(("batch", {"batch_dims": (0,)}),)] * lanes
+
+
+def test_concurrent_lanes_nest_and_stack_as_sequential():
+  host = lambda v: np.stack([v, -v]).astype(np.float32)
+  spec = jax.ShapeDtypeStruct((2,), jnp.float32)
+  xs = jnp.arange(6.0).reshape(2, 3)
+  outs = [jax.jit(jax.vmap(jax.vmap(lambda x: hostcall.pure_callback(
+      host, spec, x, vmap_method=m))))(xs) for m in ("sequential",
+                                                      "concurrent")]
+  assert outs[0].shape == (2, 3, 2)
+  np.testing.assert_array_equal(outs[0], outs[1])
+
+
+def test_a_failing_concurrent_lane_raises_the_first_failure_in_lane_order():
+  release = threading.Event()
+
+  def host(v):
+    if float(v) == 3.0:
+      release.wait(60)  # fails last in time, after lane 1 has failed
+      raise KeyError("lane 3")
+    if float(v) == 1.0:
+      try:
+        raise ValueError("lane 1")
+      finally:
+        release.set()
+    return np.float32(v)
+
+  f = jax.jit(jax.vmap(lambda x: hostcall.pure_callback(
+      host, F32, x, vmap_method="concurrent")))
+  with pytest.raises(ValueError, match="lane 1"), hostcall.original_errors():
+    f(jnp.arange(4.0)).block_until_ready()
+  # The next call runs.
+  np.testing.assert_array_equal(f(jnp.array([0.0, 2.0])), [0.0, 2.0])
+
+
+def test_concurrent_is_refused_where_jax_names_the_methods():
+  with pytest.raises(ValueError, match="vmap_method must be one of"):
+    hostcall.pure_callback(np.sin, F32, 1.0, vmap_method="threads")
