@@ -215,3 +215,42 @@ def test_a_failing_concurrent_lane_raises_the_first_failure_in_lane_order():
 def test_concurrent_is_refused_where_jax_names_the_methods():
   with pytest.raises(ValueError, match="vmap_method must be one of"):
     hostcall.pure_callback(np.sin, F32, 1.0, vmap_method="threads")
+
+
+def test_nested_concurrent_calls_run_their_lanes_without_deadlock():
+  # A lane's host function that runs a concurrent call itself: more outer
+  # lanes than the pool has threads (at most 32) must not leave them all
+  # waiting on inner lanes queued behind them.
+  def inner(v):
+    return (np.asarray(v) ** 2).astype(np.float32)
+
+  def outer(x):
+    y = jax.vmap(lambda v: hostcall.pure_callback(
+        inner, F32, v, vmap_method="concurrent"))(jnp.full((2,), x))
+    return np.asarray(y[0])
+
+  f = jax.jit(jax.vmap(lambda x: hostcall.pure_callback(
+      outer, F32, x, vmap_method="concurrent")))
+  np.testing.assert_array_equal(f(jnp.arange(40.0)),
+                                np.arange(40.0) ** 2)
+
+
+def test_a_call_of_the_carry_keeps_jaxs_hoisting_of_the_rest():
+  # Only a call that would itself be hoisted keeps the body whole; one
+  # that reads the carry leaves JAX to hoist the loop-invariant values
+  # (computed once, not stacked a step: the memory of the plain loop).
+  w = jnp.full((50_000,), 0.5)
+
+  def memory(call):
+    def f(w, c0):
+      def body(c, _):
+        call(c)
+        h = jnp.tanh(w * 2.0)  # loop-invariant
+        return c * jnp.mean(h * h), None
+      return lax.scan(body, c0, None, length=100)[0]
+    compiled = jax.jit(jax.grad(f)).lower(w, 1.0).compile()
+    return compiled.memory_analysis().temp_size_in_bytes
+
+  plain = memory(lambda c: None)
+  of_carry = memory(lambda c: hostcall.debug_callback(lambda v: None, c))
+  assert of_carry <= plain * 1.5 + 4096

@@ -281,7 +281,7 @@ def test_io_callback_under_vmap_of_cond_runs_for_the_lanes_that_took_it():
   # branch, and for no other (docs/compatibility.md, differences).
   calls = []
   program = lambda impl: jax.vmap(lambda p, x: lax.cond(
-      p, lambda x: impl(lambda v: (calls.append(float(v)), v)[1], F32, x),
+      p, lambda x: (impl(lambda v: calls.append(float(v)), None, x), x)[1],
       lambda x: x, x))(jnp.array([True, False, True]), jnp.arange(3.0))
   jax_out, ours = _both(IO, program)
   assert jax_out[:2] == ("error", NotImplementedError)
@@ -289,6 +289,24 @@ def test_io_callback_under_vmap_of_cond_runs_for_the_lanes_that_took_it():
   assert ours[0] == "ok"
   np.testing.assert_array_equal(ours[1], [0.0, 1.0, 2.0])
   assert calls == [0.0, 2.0]
+
+
+def test_io_callback_with_results_under_vmap_of_cond_is_refused_like_jax():
+  # Its branch would go on with its results for every lane (made-up ones
+  # for lanes that did not take it, which could steer a loop there
+  # forever): refused with JAX's words, as JAX refuses it.
+  calls = []
+
+  def walk(impl, x):
+    step = impl(lambda v: (calls.append(1), np.float32(0.5))[1], F32, x)
+    return lax.while_loop(lambda s: s < 10.0, lambda s: s + step, x)
+
+  program = lambda impl: jax.jit(jax.vmap(lambda x: lax.cond(
+      x > 0, lambda x: walk(impl, x), lambda x: x, x)))(jnp.array([1., -1.]))
+  jax_out, ours = _both(IO, program)
+  assert jax_out[:2] == ours[:2] == ("error", NotImplementedError)
+  assert "IO effect not supported in vmap-of-cond" in ours[2]
+  assert calls == []
 
 
 def test_io_callback_under_vmap_of_cond_with_unbatched_predicate_too():
@@ -569,3 +587,36 @@ def test_the_reliability_page_says_how_failures_are_logged():
          "Such a failure is logged once, with JAX's own record: on the logger "
          "`jax._src.callback` (`jax._src.debugging` for debug callbacks), the "
          "message exactly `jax.pure_callback failed`")
+
+
+def test_gated_calls_under_nested_vmaps_see_their_own_lanes():
+  # The predicate from the outer vmap, the operand from the inner one (the
+  # gate comes after the inner level was recorded); and nested conds, the
+  # lane having to take both branches, with a vectorised io callback.
+  seen = []
+
+  def f(a, b):
+    return lax.cond(a > 0, lambda: (hostcall.debug_callback(
+        lambda a, b: seen.append((float(a), float(b))), a, b), a + b)[1],
+        lambda: a)
+
+  out = jax.vmap(jax.vmap(f, in_axes=(None, 0)), in_axes=(0, None))(
+      jnp.array([1.0, -1.0]), jnp.array([10.0, 20.0, 30.0]))
+  hostcall.barrier()
+  np.testing.assert_array_equal(out, [[11, 21, 31], [-1, -1, -1]])
+  assert seen == [(1.0, 10.0), (1.0, 20.0), (1.0, 30.0)]
+  seen.clear()
+
+  def g(a, b):
+    return lax.cond(a > 0, lambda: lax.cond(b > 0, lambda: (
+        hostcall.io_callback(lambda v: seen.append(v.tolist()), None, a + b,
+                             vmap_method="expand_dims"), a)[1],
+        lambda: a), lambda: b)
+
+  for b_rows, expected in (([[-1., -1., 1.], [1., 1., 1.]], 1),
+                           ([[-1., -1., -1.], [1., 1., 1.]], 0)):
+    seen.clear()
+    jax.vmap(jax.vmap(g, in_axes=(None, 0)))(jnp.array([1.0, -1.0]),
+                                             jnp.array(b_rows))
+    hostcall.barrier()
+    assert len(seen) == expected  # the whole batch once, if a lane took both

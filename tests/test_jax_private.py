@@ -514,7 +514,7 @@ def test_keep_calls_in_loop_bodies_wraps_jaxs_scan_hoisting():
   assert getattr(hoist, "_hostcall_keeps", False), (
       "JAX's scan no longer hoists through loops._scan_known_hoisting: "
       "find where grad's split of a scan hoists loop-invariant equations")
-  _jax_private.keep_calls_in_loop_bodies(lambda j: True)  # idempotent
+  _jax_private.keep_calls_in_loop_bodies(lambda j, n: True)  # idempotent
   assert loops._scan_known_hoisting is hoist
   # Left whole: a body with a call whose operand is a constant keeps it.
   import hostcall
@@ -605,7 +605,7 @@ def test_what_hostcall_jit_reads_of_jaxs_callbacks():
   # A result JAX writes nowhere is a DropVar; a traced one is a variable.
   from jax._src import core
   assert _jax_private.is_dropped(core.DropVar(unused.outvars[0].aval))
-  assert not _jax_private.is_dropped(unused.outvars[0])
+  assert not _jax_private.is_dropped(unused.invars[0])
   assert _jax_private.user_frame_of(ordered).startswith(__file__)
   # JAX's eager io callback: the callback called with the values.
   seen = []

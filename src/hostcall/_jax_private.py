@@ -400,18 +400,20 @@ def keep_io_in_partial_evaluation() -> None:
     _effects.partial_eval_kept_effects.add_type(type(effect))
 
 
-def keep_calls_in_loop_bodies(has_calls) -> None:
+def keep_calls_in_loop_bodies(moves_a_call) -> None:
   """Stops ``grad``'s split of a ``lax.scan`` from hoisting a call out of
   the loop: JAX moves out of the body every equation whose operands do not
   change from step to step (a call with no operands, or with only the
   loop's constants), so a call written once a step ran once (JAX #16637).
-  Where ``has_calls(jaxpr)``, the known loop is left whole, its constants
-  passed in as JAX's own "to disable" path does; elsewhere JAX hoists."""
+  Where ``moves_a_call(jaxpr, n_consts)`` (its first ``n_consts`` inputs
+  are the loop's constants), the known loop is left whole, its constants
+  passed in as JAX's own "to disable" path does; elsewhere JAX hoists (a
+  loop-invariant value is then computed once, not stacked a step)."""
   hoist = _loops._scan_known_hoisting
   if getattr(hoist, "_hostcall_keeps", False):
     return
   def scan_known_hoisting(jaxpr_known, known_consts, num_res, *rest):
-    if (not has_calls(jaxpr_known)
+    if (not moves_a_call(jaxpr_known, len(known_consts))
         or any(isinstance(_loops.typeof(c), _loops.AbstractRef)
                for c in known_consts)):
       return hoist(jaxpr_known, known_consts, num_res, *rest)
@@ -464,7 +466,7 @@ def _hoisting_returns_closed(hoist) -> bool:
   closed = jax.make_jaxpr(lambda c, x: (x + c,))(1.0, 1.0)
   n_res = len(inspect.signature(hoist).parameters) - 2
   out = hoist(closed, [np.float32(1.0)], *([0] * n_res))[0]
-  return isinstance(out, _core.ClosedJaxpr)
+  return isinstance(out, _jex_core.ClosedJaxpr)
 
 
 def require_devices_during_lowering(primitive) -> None:

@@ -112,9 +112,23 @@ class Deferred:
     return self._thread is not None
 
   def _start(self) -> None:
-    self._thread = threading.Thread(target=self._run, daemon=True,
-                                    name="hostcall-deferred")
-    self._thread.start()
+    thread = threading.Thread(target=self._run, daemon=True,
+                              name="hostcall-deferred")
+    # Python 3.12 on starts no thread once the interpreter exits (an exit
+    # handler's first call): then nothing is marked started.
+    thread.start()
+    self._thread = thread
+
+  def start(self) -> bool:
+    """Starts the thread if it is not; whether it runs (False where no
+    thread can start: the interpreter is exiting)."""
+    with self._cond:
+      if self._thread is None:
+        try:
+          self._start()
+        except RuntimeError:
+          return False
+      return True
 
   def _run(self) -> None:
     while True:

@@ -349,13 +349,21 @@ class Consumer:
     with self._lock:
       if self._queue is None:
         lib = native.load()
-        self._queue = (queues.NativeQueue(lib, self.capacity) if lib is not None
-                       else queues.PythonQueue(self.capacity))
-        self._thread = threading.Thread(target=self._consume,
-                                        name="hostcall-consumer", daemon=True)
-        self._thread.start()
-        threading.Thread(target=self._watch, name="hostcall-watchdog",
-                         daemon=True).start()
+        started = (queues.NativeQueue(lib, self.capacity) if lib is not None
+                   else queues.PythonQueue(self.capacity))
+        # Python 3.12 on starts no thread once the interpreter exits (an
+        # exit handler's first call): then nothing is marked started, and
+        # the RuntimeError says why.
+        thread = threading.Thread(target=self._consume,
+                                  name="hostcall-consumer", daemon=True)
+        self._queue, self._thread = started, thread
+        try:
+          thread.start()
+          threading.Thread(target=self._watch, name="hostcall-watchdog",
+                           daemon=True).start()
+        except RuntimeError:
+          self._queue = self._thread = None
+          raise
       return self._queue
 
   @property

@@ -127,7 +127,7 @@ def _while_batching_rule(axis_data, args, dims, *, cond_nconsts, cond_jaxpr,
 
 
 def install(host_effects: tuple[type, ...],
-            kept_effects: tuple[type, ...]) -> None:
+            kept_effects: tuple[type, ...], host_primitive) -> None:
   """Takes over ``while``'s batching rule for conditions holding one of
   ``host_effects`` (hostcall's ordered effect types); others go to JAX's
   rule. Keeps every call with one of ``kept_effects`` in its loop's body
@@ -135,13 +135,48 @@ def install(host_effects: tuple[type, ...],
   global _HOST_EFFECTS
   _HOST_EFFECTS = host_effects
 
-  def has_calls(closed_jaxpr) -> bool:
-    return any(isinstance(e, kept_effects) for e in closed_jaxpr.effects)
+  def moves_a_call(closed_jaxpr, n_consts: int) -> bool:
+    """Whether hoisting would move one of hostcall's calls out of this
+    loop body: one whose operands all stay the same from step to step (its
+    first ``n_consts`` inputs and constants do), at its top or in a jaxpr
+    of an equation hoisted whole. (JAX's own callbacks are left as JAX
+    runs them, and a body whose calls all read the carry is hoisted as JAX
+    hoists it: only this case pays for keeping the body whole.)"""
+    if not any(isinstance(e, kept_effects) for e in closed_jaxpr.effects):
+      return False
+    jaxpr = getattr(closed_jaxpr, "jaxpr", closed_jaxpr)
+    varying = set(jaxpr.invars[n_consts:])
+    for eqn in jaxpr.eqns:
+      if any(v in varying for v in eqn.invars
+             if not isinstance(v, jex_core.Literal)):
+        varying.update(eqn.outvars)
+      elif _holds_a_call(eqn, host_primitive):
+        return True
+    return False
 
   _jax_private.keep_io_in_partial_evaluation()
-  _jax_private.keep_calls_in_loop_bodies(has_calls)
+  _jax_private.keep_calls_in_loop_bodies(moves_a_call)
   _jax_private.explain_checkpoint_refusal(_explain_checkpoint_refusal)
   _jax_private.fancy_primitive_batchers[primitives.while_p] = _while_batching_rule
+
+
+def _holds_a_call(eqn, host_primitive) -> bool:
+  if eqn.primitive is host_primitive:
+    return bool(eqn.effects)
+  return bool(eqn.effects) and any(
+      _holds_a_call(inner, host_primitive)
+      for value in eqn.params.values()
+      for jaxpr in _jaxprs_in(value)
+      for inner in getattr(jaxpr, "jaxpr", jaxpr).eqns)
+
+
+def _jaxprs_in(value) -> list:
+  if isinstance(value, (jex_core.Jaxpr, jex_core.ClosedJaxpr)):
+    return [value]
+  if isinstance(value, (tuple, list)):
+    return [v for v in value if isinstance(v, (jex_core.Jaxpr,
+                                               jex_core.ClosedJaxpr))]
+  return []
 
 
 def _explain_checkpoint_refusal(message: str) -> str:

@@ -11,13 +11,19 @@ entry in its ``transforms``: the host drops the lanes whose flag is false
 (``CallbackTarget.deliver``), so a call sees only the lanes that took its
 branch.
 
-A gatable call is one whose target says so (``HostTarget.gatable``: JAX's
-impure flavours, not the legacy taps, whose module showed the whole batch).
-Calls anywhere in a branch are gated (through nested ``jit``s, ``scan``s,
-``while_loop``s and ``cond``s, rebuilt with ``lax``'s functions), a call in
-nested batched ``cond``s once per ``cond`` (the lane must have taken every
-branch); a ``cond`` holding an effect that cannot be gated (JAX's own io
-callback, say) is left to JAX's rule unchanged.
+A gatable call is a result-less one whose target says so
+(``HostTarget.gatable``: JAX's impure flavours, not the legacy taps, whose
+module showed the whole batch); a call with results is not (its branch
+goes on with them for every lane), and an io callback with results stays
+refused, as JAX refuses it. Calls are gated where they sit at the top of
+a branch and in nested ``jit``s, ``scan``s, ``while_loop``s and ``cond``s
+(rebuilt with ``lax``'s functions; a call in nested batched ``cond``s gets
+one gate per ``cond``, the lane must have taken every branch). A branch
+holding an effect this cannot reach past (a call inside ``checkpoint``,
+``custom_jvp`` or ``custom_vjp`` there, JAX's own io callback) leaves the
+whole ``cond`` to JAX's rule, unchanged: every lane, as JAX. Under an
+unbatched predicate the ``cond`` stays one (every lane takes the same
+branch), so io callbacks with results run there too, once.
 """
 
 from __future__ import annotations
@@ -41,9 +47,19 @@ def gates(transforms) -> int:
   return transforms.count(_GATE)
 
 
-def _gatable(eqn) -> bool:
+def _runs_where_written(eqn) -> bool:
+  """A call of JAX's impure flavours (made once where its ``cond`` branch
+  is taken)."""
   return (eqn.primitive is _host_primitive
           and eqn.params["target"].gatable)
+
+
+def _gatable(eqn) -> bool:
+  """Such a call without results: under a batched predicate it can be left
+  out for a lane. (A call with results cannot: the branch goes on with
+  them for every lane, and a made-up value could steer a loop there
+  forever; JAX's refusal of io callbacks there stands.)"""
+  return (_runs_where_written(eqn) and not eqn.params["result_avals"])
 
 
 def _gated_fun(closed, taken):
@@ -60,7 +76,8 @@ def _gated_fun(closed, taken):
 
 def _cond_batching_rule(axis_data, args, dims, *, branches, **params):
   index_dim = dims[0]
-  plans = [rewriting.plan(b, _gatable) for b in branches]
+  picked = _runs_where_written if index_dim is None else _gatable
+  plans = [rewriting.plan(b, picked) for b in branches]
   if None in plans or not any(plans) or "branches_platforms" in params:
     return _batch_cond(axis_data, args, dims, branches=branches, **params)
   if index_dim is None:

@@ -306,5 +306,5 @@ _jax_private.primitive_jvps[hostcall_p] = _jvp_rule
 _jax_private.primitive_transposes[hostcall_p] = _transpose_rule
 _jax_private.partial_eval_jaxpr_custom_rules[hostcall_p] = _remat_rule
 _jax_private.register_lowering(hostcall_p, lowering.lower, cacheable=False)
-control_flow.install(ORDERED_HOST_EFFECT_TYPES, KEPT_IN_LOOPS)
+control_flow.install(ORDERED_HOST_EFFECT_TYPES, KEPT_IN_LOOPS, hostcall_p)
 gating.install(hostcall_p)

@@ -23,6 +23,7 @@ import concurrent.futures as concurrent_futures
 import dataclasses
 import functools
 import os
+import threading
 from typing import Any, Callable, Sequence
 
 import jax
@@ -264,7 +265,11 @@ def call_per_element(call: Callable[[list], list], flat_args: list,
   if not levels:
     return list(call(flat_args))
   elements = list(_elements(flat_args, levels))
-  if concurrent and len(elements) > 1:
+  if (concurrent and len(elements) > 1
+      and not threading.current_thread().name.startswith(_LANE_THREADS)):
+    # (A lane's host function that runs a concurrent call itself runs its
+    # lanes in its own thread: waiting on the pool from the pool could
+    # leave every worker waiting.)
     # Each thread runs its element in this call's context (call_context(),
     # and the barrier's refusal inside a host function).
     in_context = functools.partial(
@@ -290,14 +295,21 @@ def _call_in_context(call, call_context, asynchronous, flat):
 
 
 def _elements(flat_args: list, levels: Sequence):
-  """Each batch element's operands, in index order (outermost first)."""
+  """Each batch element's operands, in index order (outermost first). An
+  operand added after a level was recorded (a ``cond``'s gate, given by an
+  outer ``vmap``) has no entry in that level's dims: it is not batched
+  there."""
   if not levels:
     yield flat_args
     return
   *inner, (dims, size) = levels
+  dims = tuple(dims) + (None,) * (len(flat_args) - len(dims))
   for i in range(size):
     yield from _elements([a if d is None else np.take(a, i, axis=d)
                           for a, d in zip(flat_args, dims)], inner)
+
+
+_LANE_THREADS = "hostcall-lanes"
 
 
 @functools.cache
@@ -305,7 +317,7 @@ def _lane_pool() -> concurrent_futures.ThreadPoolExecutor:
   # One pool for the process, made on first use; its threads end with it.
   return concurrent_futures.ThreadPoolExecutor(
       max_workers=max(4, min(32, (os.cpu_count() or 1) * 4)),
-      thread_name_prefix="hostcall-lanes")
+      thread_name_prefix=_LANE_THREADS)
 
 
 def hash_key(fn) -> Any:

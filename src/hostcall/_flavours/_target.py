@@ -155,9 +155,14 @@ class CallbackTarget(CallTarget):
 
   def _call_if_any_taken(self, gates, flat, avals) -> list:
     # A vectorised callback gets the whole batch once, if any lane took the
-    # branch; it cannot be handed fewer lanes than its results declare.
-    flat, taken = flat[:-gates], flat[-gates:]
-    if np.any(functools.reduce(np.logical_and, taken)):
+    # branch. Each gate has the batch axes of the vmaps outside its cond in
+    # front (outermost first): lined up on the left, they must all hold.
+    flat, gates = flat[:-gates], flat[-gates:]
+    rank = max(np.ndim(g) for g in gates)
+    taken = functools.reduce(np.logical_and, [
+        np.reshape(g, np.shape(g) + (1,) * (rank - np.ndim(g)))
+        for g in gates])
+    if np.any(taken):
       return self._call_once(flat, avals)
     return [np.zeros(a.shape, a.dtype) for a in avals]
 

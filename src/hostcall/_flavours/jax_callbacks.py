@@ -19,6 +19,7 @@ import functools
 import jax
 import jax.extend
 import jax.numpy as jnp
+import numpy as np
 
 from hostcall import _jax_private
 from hostcall._core import rewriting
@@ -78,10 +79,30 @@ class _Eager:
                             eqn.primitive.name)
 
   def __call__(self, *args):
-    if self.primitive.name == "io_callback":
-      _jax_private.io_callback_impl(*args, **self.params)
-    else:
+    if self.primitive.name != "io_callback":
       self.primitive.impl(*args, **self.params)
+      return
+    outs = _jax_private.io_callback_impl(*args, **self.params)
+    _check_as_jax_does(outs, self.params["result_avals"])
+
+
+def _check_as_jax_does(outs, avals) -> None:
+  """An io callback's results checked against its declaration, in JAX's
+  words (its compiled callback's checks; none outside ``jit``)."""
+  if len(outs) != len(avals):
+    raise RuntimeError(
+        "Mismatched number of outputs from callback. "
+        f"Expected: {len(avals)}, Actual: {len(outs)}")
+  for i, (out, aval) in enumerate(zip(outs, avals)):
+    out = np.asarray(out)
+    if out.shape != aval.shape:
+      raise RuntimeError(
+          f"Incorrect output shape for return value #{i}: "
+          f"Expected: {aval.shape}, Actual: {out.shape}")
+    if jax.dtypes.canonicalize_dtype(out.dtype) != aval.dtype:
+      raise RuntimeError(
+          f"Incorrect output dtype for return value #{i}: "
+          f"Expected: {aval.dtype}, Actual: {out.dtype}")
 
 
 def _rewrite(is_jax_callback, eqn, invals):

@@ -28,7 +28,7 @@ from typing import Any, Callable
 import jax
 
 from hostcall import _jax_private
-from hostcall._async import native
+from hostcall._async import native, queue
 from hostcall._async.deferred import deferred
 from hostcall._core import deferring
 from hostcall._core.checks import check_callable
@@ -124,6 +124,8 @@ class Jitted:
 
     def jitted(*args, **kwargs):
       if _dispatching_at_top_level() and _queues_on_this_device():
+        if not queue.consumer.started and not _starts(queue.consumer.start):
+          return self._plain(*args, **kwargs)  # the interpreter exits
         # The barrier then waits for this program to have run.
         deferred.queued_since_barrier = True
         # (Forwarding no keywords is the cheaper call.)
@@ -142,6 +144,8 @@ class Jitted:
       # Under a transformation (vmap, grad, an enclosing jit), the host
       # calls are staged into the enclosing program, as jax.jit's are;
       # under jax.disable_jit() they run as the function runs.
+      return self._plain(*args, **kwargs)
+    if not deferred.start():  # the interpreter exits: no thread to replay
       return self._plain(*args, **kwargs)
     outs, extra = self._deferring(*args, **kwargs)
     if extra.plan is not None:
@@ -247,6 +251,16 @@ class Jitted:
     self._plain.clear_cache()
     self._deferring.clear_cache()
     self._queueing.clear_cache()
+
+
+def _starts(start) -> bool:
+  """Whether ``start()`` (of a delivery thread) succeeds; False where the
+  interpreter exits and no thread can start (Python 3.12 on)."""
+  try:
+    start()
+  except RuntimeError:
+    return False
+  return True
 
 
 def _is_static(value) -> bool:
