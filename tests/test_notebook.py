@@ -145,3 +145,53 @@ def test_the_kernels_interrupt_button_stops_a_loop_and_keeps_its_state():
   assert interrupted, text
   assert "result interrupted True True" in text, text
   assert "KeyboardInterrupt" not in text
+
+
+_BAR_CELLS = [
+    # 0: a bar over a Python loop with a live loss, a compiled loop inside
+    """
+import jax, jax.numpy as jnp, hostcall
+step = jax.jit(lambda x: hostcall.progress.scan(
+    lambda c, _: (c * 0.9, None), x, length=50, desc="inner")[0])
+x = jnp.float32(1.0)
+for i in hostcall.progress.trange(5, desc="outer"):
+  x = step(x)
+print("loop done", round(float(x), 6))
+""",
+    # 1: a bar in a cell of its own, closed, over an iterable
+    """
+total = sum(hostcall.progress.tqdm(range(7), desc="seven"))
+print("sum", total)
+""",
+]
+
+
+def _widgets(cell) -> list:
+  return [output for output in cell.outputs
+          if "application/vnd.jupyter.widget-view+json"
+          in output.get("data", {})]
+
+
+def test_python_loop_bars_are_widgets_in_their_own_cell(tmp_path):
+  notebook = nbformat.v4.new_notebook()
+  notebook.cells = [nbformat.v4.new_code_cell(c.strip()) for c in _BAR_CELLS]
+  env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+  client = nbclient.NotebookClient(
+      notebook, timeout=240, kernel_name="python3",
+      resources={"metadata": {"path": str(tmp_path)}})
+  client.km = client.kernel_manager_class(kernel_name="python3")
+  client.km.kernel_spec.argv[0] = sys.executable  # this environment's kernel
+  client.km.kernel_spec.env.update(env)
+  client.execute()
+  first, second = notebook.cells
+  # Each cell draws its bars as widgets, in that cell: the outer bar (and
+  # the compiled loop's, nested under it) in the first, "seven" in the
+  # second.
+  assert _widgets(first) and _widgets(second)
+  assert "loop done" in _text(first) and "sum 21" in _text(second)
+  # The widgets' final state (what the notebook shows): the loops' counts.
+  state = notebook.metadata["widgets"][
+      "application/vnd.jupyter.widget-state+json"]["state"]
+  texts = " ".join(str(model["state"].get("value", ""))
+                   for model in state.values())
+  assert "7/7" in texts and "5/5" in texts, texts
