@@ -21,7 +21,7 @@ demo: $(VENV)/.installed-demo
 	$(BIN)/python -m hostcall demo
 
 # The suite prints a dot a test; say first how long it takes.
-TEST_MINUTES := 8
+TEST_MINUTES := 17
 test: $(VENV)/.installed-test
 	@echo "make test: about $(TEST_MINUTES) minutes on 2 CPU cores (fewer with more); one dot per test, F for a failure"
 	$(BIN)/python -m pytest -q -m "not heavy"

@@ -1570,14 +1570,15 @@ def _params(cell_list):
 
 
 def _heavy(flavour, composition) -> bool:
-  """The cells run by `make test-heavy` and CI only (`make test` keeps
-  every single transformation, and every pair for the three flavours
-  everything else is built on): pairs with a checkpoint policy other than
-  the default, and the other flavours' pairs."""
+  """The cells run by `make test-compositions` (CI) and `make test-heavy`
+  only (`make test` keeps every single transformation for every flavour,
+  and every pair for `debug_callback`, the flavour the others' calls are
+  made like): pairs with a checkpoint policy other than the default, and
+  the other flavours' pairs."""
   if len(composition) < 2:
     return False
   return (any(t.startswith("ckpt_") for t in composition)
-          or flavour not in ("debug_callback", "io_callback", "id_tap"))
+          or flavour != "debug_callback")
 
 
 def _jax_note(note):

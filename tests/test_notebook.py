@@ -68,9 +68,10 @@ def _text(cell) -> str:
   return "".join(parts)
 
 
-def test_each_cells_host_output_lands_in_that_cell(tmp_path):
+def _executed(cells, tmp_path):
+  """A notebook of ``cells`` run in a real kernel of this environment."""
   notebook = nbformat.v4.new_notebook()
-  notebook.cells = [nbformat.v4.new_code_cell(c.strip()) for c in CELLS]
+  notebook.cells = [nbformat.v4.new_code_cell(c.strip()) for c in cells]
   env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
   client = nbclient.NotebookClient(
       notebook, timeout=240, kernel_name="python3",
@@ -79,6 +80,11 @@ def test_each_cells_host_output_lands_in_that_cell(tmp_path):
   client.km.kernel_spec.argv[0] = sys.executable  # this environment's kernel
   client.km.kernel_spec.env.update(env)
   client.execute()
+  return notebook
+
+
+def test_each_cells_host_output_lands_in_that_cell(tmp_path):
+  notebook = _executed(CELLS, tmp_path)
   texts = [_text(cell) for cell in notebook.cells]
   assert "cell0 result 300.0" in texts[0]
   assert texts[1].strip() == "cell1 bar complete: True"
@@ -173,16 +179,7 @@ def _widgets(cell) -> list:
 
 
 def test_python_loop_bars_are_widgets_in_their_own_cell(tmp_path):
-  notebook = nbformat.v4.new_notebook()
-  notebook.cells = [nbformat.v4.new_code_cell(c.strip()) for c in _BAR_CELLS]
-  env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-  client = nbclient.NotebookClient(
-      notebook, timeout=240, kernel_name="python3",
-      resources={"metadata": {"path": str(tmp_path)}})
-  client.km = client.kernel_manager_class(kernel_name="python3")
-  client.km.kernel_spec.argv[0] = sys.executable  # this environment's kernel
-  client.km.kernel_spec.env.update(env)
-  client.execute()
+  notebook = _executed(_BAR_CELLS, tmp_path)
   first, second = notebook.cells
   # Each cell draws its bars as widgets, in that cell: the outer bar (and
   # the compiled loop's, nested under it) in the first, "seven" in the
