@@ -1603,7 +1603,20 @@ def test_cell(flavour, composition, capfd, tmp_path):
   assert ours == events.split(), (key(flavour, composition), ours)
   if note == "=" or _jax_note(note) is not None:
     theirs = observe(flavour, composition, jax_flavour=True, read_stdout=read)
-    assert theirs == (ours if note == "=" else _jax_note(note)), theirs
+    wanted = ours if note == "=" else _jax_note(note)
+    if _lanes_in_a_loop(composition):
+      # JAX promises no order among the lanes of an unordered callback in
+      # a vmapped loop, and its order changed between releases (0.10: the
+      # last lane first in a scan; 0.12: in a fori_loop): the same calls.
+      theirs, wanted = sorted(theirs), sorted(wanted)
+    assert theirs == wanted, theirs
+
+
+def _lanes_in_a_loop(composition) -> bool:
+  if "vmap" not in composition:
+    return False
+  inner = composition[composition.index("vmap") + 1:]
+  return any(t in ("scan", "fori", "while") for t in inner)
 
 
 @pytest.fixture(scope="module")
