@@ -55,6 +55,10 @@ class CallContext:
     return getattr(self.device, "process_index", 0)
 
 
+#: A ``transforms`` entry of a call given one more operand, a lane's "took
+#: this branch" flag (``gating``): ``CallContext.gates`` counts them.
+GATE = ("gate",)
+
 #: A ``transforms`` entry of a call whose last operand only orders it after
 #: the calls before it (``hostcall.jit``'s queued calls; see ``deferring``):
 #: its host side drops that operand.
@@ -88,7 +92,7 @@ def make_context(transforms: tuple, device,
   """The context of one call site on one device."""
   return CallContext(_unpack_transforms(transforms), device,
                      batch_levels(transforms), shard_indices, tuple(peers),
-                     transforms.count(("gate",)), dict(axis_indices or {}))
+                     transforms.count(GATE), dict(axis_indices or {}))
 
 
 _current = threading.local()

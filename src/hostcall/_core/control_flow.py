@@ -8,8 +8,9 @@ at every step. A host call with no operands, or with only the loop's
 constants, then ran once instead of once a step (JAX #16637); and an io
 call whose operand is the carry was dropped, since JAX's partial
 evaluation keeps only the effects it was told to. ``install`` keeps both
-in the loop, for every call with one of hostcall's effects or JAX's io
-effects (``jax.debug.callback`` is left as JAX runs it).
+in the loop: JAX's io effects are kept through partial evaluation, and a
+body where hoisting would move one of hostcall's calls is left whole
+(JAX's own debug and io callbacks are hoisted as JAX hoists them).
 
 The rest of this module is the ``while`` rewrite:
 

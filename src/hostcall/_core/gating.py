@@ -35,16 +35,10 @@ from jax.extend.core import primitives
 
 from hostcall import _jax_private
 from hostcall._core import rewriting
+from hostcall._core.context import GATE
 
 _batch_cond = _jax_private.fancy_primitive_batchers[primitives.cond_p]
-_GATE = ("gate",)
 _host_primitive = None
-
-
-def gates(transforms) -> int:
-  """How many "took this branch" flags end a call's operands (one per
-  ``cond`` under ``vmap`` that holds it)."""
-  return transforms.count(_GATE)
 
 
 def _runs_where_written(eqn) -> bool:
@@ -68,7 +62,7 @@ def _gated_fun(closed, taken):
   def rewrite(eqn, invals):
     if not _gatable(eqn):
       return None
-    params = dict(eqn.params, transforms=eqn.params["transforms"] + (_GATE,))
+    params = dict(eqn.params, transforms=eqn.params["transforms"] + (GATE,))
     outs = _host_primitive.bind(*invals, taken, **params)
     return outs[:-1] if eqn.params["kind"] == "tap" else outs
   return rewriting.as_function(closed, rewrite)

@@ -264,22 +264,22 @@ def call_per_element(call: Callable[[list], list], flat_args: list,
   """
   if not levels:
     return list(call(flat_args))
-  elements = list(_elements(flat_args, levels))
-  if (concurrent and len(elements) > 1
-      and not threading.current_thread().name.startswith(_LANE_THREADS)):
-    # (A lane's host function that runs a concurrent call itself runs its
-    # lanes in its own thread: waiting on the pool from the pool could
-    # leave every worker waiting.)
+  # A lane's host function that runs a concurrent call itself runs those
+  # lanes in its own thread: waiting on the pool from the pool could leave
+  # every worker waiting.
+  if concurrent and not threading.current_thread().name.startswith(
+      _LANE_THREADS):
     # Each thread runs its element in this call's context (call_context(),
     # and the barrier's refusal inside a host function).
     in_context = functools.partial(
         _call_in_context, call, contexts.call_context(),
         contexts.delivering_asynchronously())
-    futures = [_lane_pool().submit(in_context, flat) for flat in elements]
+    futures = [_lane_pool().submit(in_context, flat)
+               for flat in _elements(flat_args, levels)]
     concurrent_futures.wait(futures)
     results = [f.result() for f in futures]
-  else:
-    results = [call(flat) for flat in elements]
+  else:  # one element's operands sliced at a time
+    results = [call(flat) for flat in _elements(flat_args, levels)]
   if not n_results:
     return []
   sizes = tuple(size for _, size in reversed(levels))

@@ -146,8 +146,8 @@ class CallbackTarget(CallTarget):
                             concurrent=self.method == "concurrent")
 
   def _call_if_taken(self, gates, flat, avals) -> list:
-    # A lane that did not take the branch holding the call: no call, and
-    # zeros for its results, which the cond's select drops.
+    # A lane that did not take the branch holding the call: no call (a
+    # gated call has no results: see gating).
     flat, taken = flat[:-gates], flat[-gates:]
     if all(bool(t) for t in taken):
       return self._call_once(flat, avals)
@@ -157,11 +157,11 @@ class CallbackTarget(CallTarget):
     # A vectorised callback gets the whole batch once, if any lane took the
     # branch. Each gate has the batch axes of the vmaps outside its cond in
     # front (outermost first): lined up on the left, they must all hold.
-    flat, gates = flat[:-gates], flat[-gates:]
-    rank = max(np.ndim(g) for g in gates)
+    flat, flags = flat[:-gates], flat[-gates:]
+    rank = max(np.ndim(f) for f in flags)
     taken = functools.reduce(np.logical_and, [
-        np.reshape(g, np.shape(g) + (1,) * (rank - np.ndim(g)))
-        for g in gates])
+        np.reshape(f, np.shape(f) + (1,) * (rank - np.ndim(f)))
+        for f in flags])
     if np.any(taken):
       return self._call_once(flat, avals)
     return [np.zeros(a.shape, a.dtype) for a in avals]

@@ -145,7 +145,8 @@ class Jitted:
       # calls are staged into the enclosing program, as jax.jit's are;
       # under jax.disable_jit() they run as the function runs.
       return self._plain(*args, **kwargs)
-    if not deferred.start():  # the interpreter exits: no thread to replay
+    if not deferred.started and not deferred.start():
+      # The interpreter exits: no thread can start to replay the calls.
       return self._plain(*args, **kwargs)
     outs, extra = self._deferring(*args, **kwargs)
     if extra.plan is not None:
