@@ -209,18 +209,9 @@ def analyse(jaxpr, queued: bool = False) -> bool | None:
       if eqn.effects:
         return None
       continue  # a call without an effect: no order to keep
-    inners = []
-    if _is_jit(eqn):
-      inners = [eqn.params["jaxpr"]]
-    elif eqn.primitive.name == "scan" and _scan_layout(eqn) is not None:
-      inners = [eqn.params["jaxpr"]]
-    elif queued and eqn.primitive.name == "while":
-      # The predicate stays as it is: it may not call the host.
-      if analyse(eqn.params["cond_jaxpr"], queued) is not False:
-        return None
-      inners = [eqn.params["body_jaxpr"]]
-    elif queued and eqn.primitive.name == "cond":
-      inners = list(eqn.params["branches"])
+    if _calls_in_a_predicate(eqn, queued):
+      return None
+    inners = _looked_into(eqn, queued)
     if inners:
       for inner in inners:
         verdict = analyse(inner, queued)
@@ -238,10 +229,29 @@ def keeps_live(eqn, queued: bool = False) -> bool:
   be deferred, or another effect ``analyse`` does not look into."""
   if eqn.primitive is hostcall_p:
     return bool(eqn.effects) and not _deferrable_call(eqn, queued)
-  looked_into = (_is_jit(eqn) or (eqn.primitive.name == "scan"
-                                   and _scan_layout(eqn) is not None)
-                 or (queued and eqn.primitive.name in ("while", "cond")))
-  return bool(eqn.effects) and not looked_into
+  return bool(eqn.effects) and (not _looked_into(eqn, queued)
+                                or _calls_in_a_predicate(eqn, queued))
+
+
+def _looked_into(eqn, queued: bool) -> list:
+  """The jaxprs ``analyse`` reads inside ``eqn``: a nested ``jit``'s, a
+  ``scan``'s body, and, queued, a ``while_loop``'s body and a ``cond``'s
+  branches; [] for any other equation."""
+  if _is_jit(eqn) or (eqn.primitive.name == "scan"
+                      and _scan_layout(eqn) is not None):
+    return [eqn.params["jaxpr"]]
+  if queued and eqn.primitive.name == "while":
+    return [eqn.params["body_jaxpr"]]
+  if queued and eqn.primitive.name == "cond":
+    return list(eqn.params["branches"])
+  return []
+
+
+def _calls_in_a_predicate(eqn, queued: bool) -> bool:
+  """Whether ``eqn`` is a queued ``while_loop`` whose predicate calls the
+  host: the predicate stays as it is, so it may not."""
+  return (queued and eqn.primitive.name == "while"
+          and analyse(eqn.params["cond_jaxpr"], queued) is not False)
 
 
 def _jaxpr_of(jaxpr):
