@@ -254,3 +254,102 @@ def test_a_call_of_the_carry_keeps_jaxs_hoisting_of_the_rest():
   plain = memory(lambda c: None)
   of_carry = memory(lambda c: hostcall.debug_callback(lambda v: None, c))
   assert of_carry <= plain * 1.5 + 4096
+
+
+# --- linearize of a while_loop -------------------------------------------------
+
+def _by_kind(seen):
+  # Each flavour's calls in order (calls of different flavours have no
+  # order among them, as JAX's different effects have none).
+  out = {}
+  for kind, value in seen:
+    out.setdefault(kind, []).append(value)
+  return out
+
+
+def _while_body_calls(seen, consts):
+  """A while body making every result-less flavour's call once a step:
+  on the counter, in a cond branch, and a tap on the carry."""
+  def body(c):
+    i, y = c
+    hostcall.debug_callback(lambda v: seen.append(("debug", int(v))), i)
+    hostcall.io_callback(lambda v: seen.append(("io", int(v))), None, i,
+                         ordered=True)
+    y = lax.cond(i > 0, lambda y: (hostcall.debug_callback(
+        lambda v: seen.append(("branch", float(v))), y), y)[1],
+        lambda y: y, y)
+    y = hcb.id_tap(lambda a, t: seen.append(("tap", float(a.sum()))),
+                   y + consts)[0]
+    return i + 1, y * 2.0
+  return body
+
+
+@pytest.mark.parametrize("direct", [True, False])
+@pytest.mark.parametrize("jit", [False, True])
+def test_linearize_of_a_while_loop_makes_each_call_once_a_step(direct, jit):
+  # JAX's partial evaluation of a while_loop runs the primal loop, then
+  # stages the whole loop again for the tangents: every call ran twice a
+  # step, and again each time the linear function was applied.
+  seen = []
+  consts = jnp.array([1.0, 0.0, 0.0])
+  body = _while_body_calls(seen, consts)
+  f = lambda x: lax.while_loop(lambda c: c[0] < 3, body, (0, x))[1]
+  linearize = lambda x: jax.linearize(f, x)
+  was = jax.config.jax_use_direct_linearize
+  jax.config.update("jax_use_direct_linearize", direct)
+  try:
+    y, lin = (jax.jit(linearize) if jit else linearize)(1.0)
+    hostcall.barrier()
+    # y: 1 -> 4 -> 10 -> 22, the tap seeing sum(y + [1, 0, 0]) = 3y + 1
+    assert _by_kind(seen) == {"debug": [0, 1, 2], "io": [0, 1, 2],
+                              "branch": [4.0, 10.0],
+                              "tap": [4.0, 13.0, 31.0]}
+    assert float(y) == 22.0
+    seen.clear()
+    assert float(lin(1.0)) == 8.0
+    assert float(lin(2.0)) == 16.0
+    hostcall.barrier()
+  finally:
+    jax.config.update("jax_use_direct_linearize", was)
+  assert seen == []
+
+
+def test_linearize_of_a_while_loop_in_a_scan_makes_each_call_once_a_step():
+  # Here partial evaluation also meets the while_loop with its carry
+  # unknown (the scan's hoisting of loop-invariant values): the call on
+  # the counter alone was hoisted out of the scan and ran once more, and
+  # the calls on the carry must not be taken out of the staged loop.
+  seen = []
+  consts = jnp.array([1.0, 0.0, 0.0])
+  body = _while_body_calls(seen, consts)
+  inner = lambda x: lax.while_loop(lambda c: c[0] < 2, body, (0, x))[1]
+  f = lambda x: lax.scan(lambda c, _: (inner(c), None), x, length=2)[0]
+  plain = float(f(1.0))
+  hostcall.barrier()
+  once, seen[:] = list(seen), []
+  assert _by_kind(once) == {"debug": [0, 1, 0, 1], "io": [0, 1, 0, 1],
+                            "branch": [4.0, 22.0],
+                            "tap": [4.0, 13.0, 31.0, 67.0]}
+  y, lin = jax.linearize(f, 1.0)
+  hostcall.barrier()
+  assert _by_kind(seen) == _by_kind(once)
+  assert float(y) == plain == 46.0
+  seen.clear()
+  assert float(lin(1.0)) == 16.0
+  hostcall.barrier()
+  assert seen == []
+
+
+def test_jaxs_own_debug_callback_runs_twice_under_linearize_of_while():
+  # The deliberate difference in docs/compatibility.md: JAX's own
+  # callbacks stay as JAX runs them (the staged loop repeats them).
+  seen = []
+
+  def body(c):
+    jax.debug.callback(lambda v: seen.append(int(v)), c[0])
+    return c[0] + 1, c[1] * 2.0
+  f = lambda x: lax.while_loop(lambda c: c[0] < 3, body, (0, x))[1]
+  y, lin = jax.linearize(f, 1.0)
+  lin(1.0)
+  jax.effects_barrier()
+  assert seen == [0, 1, 2, 0, 1, 2]

@@ -533,6 +533,42 @@ def test_keep_calls_in_loop_bodies_wraps_jaxs_scan_hoisting():
   assert len(getattr(jaxpr, "jaxpr", jaxpr).invars) == 2
 
 
+def test_restage_while_without_wraps_jaxs_while_partial_evaluation():
+  from jax._src.interpreters import partial_eval as pe
+  from jax._src.lax.control_flow import loops
+  rule = pe.custom_partial_eval_rules[loops.while_p]
+  assert getattr(rule, "_hostcall_restages", False), (
+      "hostcall's wrapper of while's partial evaluation rule is gone")
+  _jax_private.restage_while_without(lambda *a: None)  # idempotent
+  assert pe.custom_partial_eval_rules[loops.while_p] is rule
+  # What the wrapper reads of JAX: a split loop's staged outputs are
+  # JaxprTracers sharing one recipe (a NamedTuple with params and effects),
+  # its body in params["body_jaxpr"]; its known outputs are not
+  # JaxprTracers; a rebuilt loop's effects come from _join_while_effects.
+  assert "recipe" in pe.JaxprTracer.__slots__
+  assert {"params", "effects"} <= set(pe.JaxprEqnRecipe._fields)
+  assert callable(loops._join_while_effects)
+  outs_seen = []
+
+  def spying(trace, *tracers, **params):
+    outs = rule(trace, *tracers, **params)
+    outs_seen.append(outs)
+    return outs
+
+  pe.custom_partial_eval_rules[loops.while_p] = spying
+  try:
+    jax.linearize(lambda x: jax.lax.while_loop(
+        lambda c: c[0] < 3, lambda c: (c[0] + 1, c[1] * 2.0), (0, x))[1],
+        1.0)
+  finally:
+    pe.custom_partial_eval_rules[loops.while_p] = rule
+  (outs,) = outs_seen  # counter and primal known, the tangent staged
+  staged = [isinstance(t, pe.JaxprTracer) and not t.pval.is_known()
+            for t in outs]
+  assert staged == [False, False, True]
+  assert "body_jaxpr" in outs[2].recipe.params
+
+
 def test_not_really_effects_are_jaxs_effect_types():
   assert _jax_private.NOT_REALLY_EFFECTS
   assert all(isinstance(t, type) for t in _jax_private.NOT_REALLY_EFFECTS)

@@ -427,6 +427,48 @@ def keep_calls_in_loop_bodies(moves_a_call) -> None:
   _loops._scan_known_hoisting = scan_known_hoisting
 
 
+def restage_while_without(strip) -> None:
+  """Keeps the primal host calls of a ``while_loop`` out of the loop that
+  ``jax.linearize`` stages for its tangents. JAX's partial evaluation of
+  ``while`` runs the known (primal) loop, then stages the whole loop again
+  to compute the unknown outputs, primal and all, so every call in the
+  body ran twice a step, and again each time the linear function was
+  applied. Where the rule split the loop (some outputs known, some
+  staged), the staged loop's body becomes ``strip(body_jaxpr, unknown)``
+  (None leaves it as it is), ``unknown`` saying which of the body's inputs
+  (its constants, then the carry) the known loop did not have."""
+  rules = _pe.custom_partial_eval_rules
+  rule = rules[_loops.while_p]
+  if getattr(rule, "_hostcall_restages", False):
+    return
+
+  def while_partial_eval(trace, *tracers, **params):
+    outs = rule(trace, *tracers, **params)
+    staged = [t for t in outs if isinstance(t, _pe.JaxprTracer)
+              and not t.pval.is_known()]
+    if not staged or len(staged) == len(outs):
+      return outs  # not split: the loop runs once, known or staged
+    recipe = staged[0].recipe
+    n_cond = params["cond_nconsts"]
+    body_consts = tracers[n_cond:n_cond + params["body_nconsts"]]
+    unknown = ([not t.pval.is_known() for t in body_consts]
+               + [any(t is s for s in staged) for t in outs])
+    body = strip(recipe.params["body_jaxpr"], unknown)
+    if body is None:
+      return outs
+    new_params = dict(recipe.params, body_jaxpr=body)
+    effects = _loops._join_while_effects(
+        body, new_params["cond_jaxpr"], new_params["body_nconsts"],
+        new_params["cond_nconsts"])
+    restaged = recipe._replace(params=new_params, effects=effects)
+    for tracer in staged:
+      tracer.recipe = restaged
+    return outs
+
+  while_partial_eval._hostcall_restages = True
+  rules[_loops.while_p] = while_partial_eval
+
+
 def explain_checkpoint_refusal(explain) -> None:
   """Adds ``explain(message)`` to JAX's refusal of an effect it cannot
   split under ``jax.checkpoint`` (``NotImplementedError: Effects not

@@ -43,6 +43,7 @@ from jax.extend import core as jex_core
 from jax.extend.core import primitives
 
 from hostcall import _jax_private
+from hostcall._core import rewriting
 
 _batch_while = _jax_private.fancy_primitive_batchers[primitives.while_p]
 _HOST_EFFECTS: tuple[type, ...] = ()
@@ -146,6 +147,15 @@ def install(host_effects: tuple[type, ...],
     if not any(isinstance(e, kept_effects) for e in closed_jaxpr.effects):
       return False
     jaxpr = getattr(closed_jaxpr, "jaxpr", closed_jaxpr)
+    # A call inside a nested loop or cond counts too: hoisting splits a
+    # nested while_loop (its part that does not read the carry moves out).
+    invariant = set()
+    _known_calls(jaxpr, [False] * n_consts + [True] * (len(jaxpr.invars)
+                                                       - n_consts),
+                 lambda eqn: eqn.primitive is host_primitive and eqn.effects,
+                 invariant)
+    if invariant:
+      return True
     varying = set(jaxpr.invars[n_consts:])
     for eqn in jaxpr.eqns:
       if any(v in varying for v in eqn.invars
@@ -155,10 +165,93 @@ def install(host_effects: tuple[type, ...],
         return True
     return False
 
+  def primal_call(eqn) -> bool:
+    """A call of hostcall's that a loop's tangents do not read: one with
+    no results, or a tap (its results are its operands)."""
+    return (eqn.primitive is host_primitive
+            and (eqn.params["kind"] == "tap" or not eqn.outvars))
+
+  def strip(body_jaxpr, unknown):
+    """The staged loop's body without the primal calls the known loop
+    has made already: those whose operands it had (None where there are
+    none, or where ``rewriting`` cannot reach one)."""
+    made = set()
+    _known_calls(body_jaxpr, unknown, primal_call, made)
+    if not made or not rewriting.plan(body_jaxpr,
+                                      lambda eqn: id(eqn) in made):
+      return None
+
+    def without_made_calls(eqn, invals):
+      if id(eqn) not in made:
+        return None
+      return list(invals) if eqn.params["kind"] == "tap" else []
+    return jax.make_jaxpr(rewriting.as_function(body_jaxpr,
+                                                without_made_calls))(
+        *[_spec(a) for a in body_jaxpr.in_avals])
+
   _jax_private.keep_io_in_partial_evaluation()
   _jax_private.keep_calls_in_loop_bodies(moves_a_call)
+  _jax_private.restage_while_without(strip)
   _jax_private.explain_checkpoint_refusal(_explain_checkpoint_refusal)
   _jax_private.fancy_primitive_batchers[primitives.while_p] = _while_batching_rule
+
+
+def _known_calls(jaxpr, unknown: list[bool], picked, made: set) -> list[bool]:
+  """Adds to ``made`` the ids of the equations ``picked`` whose operands
+  do not depend on an ``unknown`` input (partial evaluation runs those in
+  the known loop), through nested jits, loops and conds; returns which of
+  ``jaxpr``'s outputs do."""
+  jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
+  env = dict(zip(jaxpr.invars, unknown))
+  read = lambda v: (not isinstance(v, jex_core.Literal)) and env.get(v, False)
+  for eqn in jaxpr.eqns:
+    ins = [read(v) for v in eqn.invars]
+    if picked(eqn) and not any(ins):
+      made.add(id(eqn))
+    outs = _known_calls_inside(eqn, ins, picked, made)
+    for v, flag in zip(eqn.outvars, outs):
+      env[v] = flag
+  return [read(v) for v in jaxpr.outvars]
+
+
+def _known_calls_inside(eqn, ins, picked, made) -> list[bool]:
+  inner = rewriting.inner_jaxprs(eqn) if eqn.effects else []
+  if not inner or (eqn.primitive is primitives.cond_p and ins[0]):
+    return [any(ins)] * len(eqn.outvars)  # no call inside reached, or all
+  params, prim = eqn.params, eqn.primitive
+  if prim is primitives.cond_p:
+    outs = [_known_calls(b, ins[1:], picked, made) for b in inner]
+    return [any(flags) for flags in zip(*outs)]
+  if prim is primitives.scan_p:
+    n_consts, n_carry = _jax_private.scan_layout(params)
+    consts, carry = ins[:n_consts], ins[n_consts:n_consts + n_carry]
+    xs = ins[n_consts + n_carry:]
+    for _ in range(n_carry + 1):  # the carry's fixpoint, then the last walk
+      trial = set()
+      outs = _known_calls(inner[0], consts + carry + xs, picked, trial)
+      grown = [a or b for a, b in zip(carry, outs[:n_carry])]
+      if grown == carry:
+        break
+      carry = grown
+    made |= trial
+    return outs
+  if prim is primitives.while_p:
+    n_cond, n_body = params["cond_nconsts"], params["body_nconsts"]
+    cond_consts, body_consts = ins[:n_cond], ins[n_cond:n_cond + n_body]
+    carry = ins[n_cond + n_body:]
+    for _ in range(len(carry) + 1):
+      trial = set()
+      outs = _known_calls(inner[1], body_consts + carry, picked, trial)
+      grown = [a or b for a, b in zip(carry, outs)]
+      if grown == carry:
+        break
+      carry = grown
+    (pred,) = _known_calls(inner[0], cond_consts + carry, picked, trial)
+    if pred:  # a loop whose predicate is unknown is staged whole
+      return [True] * len(eqn.outvars)
+    made |= trial
+    return carry
+  return _known_calls(inner[0], ins, picked, made)  # a nested jit
 
 
 def _holds_a_call(eqn, host_primitive) -> bool:
