@@ -1,8 +1,8 @@
 """Fails loudly when a JAX name hostcall relies on moves or changes.
 
-Every name beyond ``jax`` and ``jax.extend`` is in
-src/hostcall/_jax_private.py, and each has a test here (the last test checks
-that none is missing). If one fails after a JAX upgrade, update that module
+Every name beyond ``jax`` and ``jax.extend`` is in the package
+src/hostcall/_jax_private/, and each has a test here (a test checks that
+none is missing). If one fails after a JAX upgrade, update that package
 (and the JAX range in pyproject.toml).
 """
 

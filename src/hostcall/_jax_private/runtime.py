@@ -1,0 +1,135 @@
+"""The runtime: waiting for effects and their tokens, and telling
+JAX's and the runtime's frames from the user's."""
+
+from __future__ import annotations
+
+import inspect
+
+import jax
+from jax._src import callback as _callback
+from jax._src import dispatch as _dispatch
+from jax._src import source_info_util as _source_info_util
+from jax._src import traceback_util as _traceback_util
+from jax._src.interpreters import mlir as _private_mlir
+from jax._src.lax.control_flow import loops as _loops
+
+
+def user_frame_of(eqn) -> str | None:
+  """``file:line`` of the user's code that staged ``eqn``, where known."""
+  package = __file__.rsplit("/", 2)[0]  # hostcall's own files
+  for frame in _source_info_util.user_frames(eqn.source_info.traceback):
+    if not frame.file_name.startswith(package):
+      return f"{frame.file_name}:{frame.start_line}"
+  return None
+
+
+def hide_frames_of(directory: str) -> None:
+  """Leaves the frames of files under ``directory`` out of the tracebacks
+  JAX filters (``JAX_TRACEBACK_FILTERING``), as JAX leaves out its own: an
+  error raised while tracing a user's function points at that function."""
+  _traceback_util.register_exclusion(directory)
+
+
+# The modules whose frames call a host callback from the runtime (JAX's
+# wrappers between the runtime and the Python function).
+_CALLBACK_FILES = frozenset({_callback.__file__, _private_mlir.__file__})
+
+
+def is_callback_frame(frame) -> bool:
+  """Whether ``frame`` is JAX's, calling a host callback for the runtime:
+  the frames below such a frame (if any) are those of the thread that waits
+  for the computation."""
+  return frame.f_code.co_filename in _CALLBACK_FILES
+
+
+_JAX_DIR = jax.__file__.rsplit("__init__.py", 1)[0]
+
+
+def is_jax_frame(frame) -> bool:
+  """Whether ``frame`` runs JAX's code (its dispatch, say)."""
+  return frame.f_code.co_filename.startswith(_JAX_DIR)
+
+
+def wait_for_effects() -> None:
+  """``jax.effects_barrier()``, except that a computation that failed ends
+  its wait like any other. JAX's stops at the first failed computation's
+  token and keeps it, so that every later effects barrier raises that old
+  error again (seen on several devices), and waits for no other token."""
+  tokens = _dispatch.runtime_tokens
+  for token in [*tokens.current_tokens.values(),
+                *tokens.output_runtime_tokens.values()]:
+    try:
+      token.block_until_ready()
+    except jax.errors.JaxRuntimeError:
+      pass  # its error reached whoever waits for its results
+  tokens.clear()
+
+
+def start_ordered_effects_afresh_after_a_failure() -> None:
+  """Keeps one failed computation from failing every later one (JAX #37587).
+
+  JAX threads a runtime token through every computation with ordered
+  effects; a computation that failed leaves an errored token, which the
+  next one takes as input and fails with, without running, and so on, and
+  ``jax.effects_barrier()`` (and JAX's exit hook) raise it again every
+  time. Here a token known to have failed (ready, with an error: whoever
+  waited for the failed computation was told) is not handed on: the next
+  computation starts a fresh sequence; and waiting for the tokens forgets
+  them even when one failed, so a failure is raised once.
+  """
+  token_set = type(_dispatch.runtime_tokens)
+  if getattr(token_set.get_token_input, "_hostcall_afresh", False):
+    return
+  get_token_input = token_set.get_token_input
+  block_until_ready = token_set.block_until_ready
+
+  def get_token_input_afresh(self, eff, devices):
+    token = self.current_tokens.get(eff)
+    if token is not None and _has_failed(token):
+      del self.current_tokens[eff]
+    return get_token_input(self, eff, devices)
+
+  def block_until_ready_once(self):
+    try:
+      block_until_ready(self)
+    finally:
+      self.clear()
+
+  get_token_input_afresh._hostcall_afresh = True
+  token_set.get_token_input = get_token_input_afresh
+  token_set.block_until_ready = block_until_ready_once
+
+
+def _has_failed(token) -> bool:
+  """Whether a runtime token is ready and holds an error (never waits)."""
+  buffer = getattr(token, "_buf", token)
+  is_ready = getattr(buffer, "is_ready", None)
+  if is_ready is None or not is_ready():
+    return False
+  try:
+    buffer.block_until_ready()
+  except jax.errors.JaxRuntimeError:
+    return True
+  return False
+
+
+# Frames of JAX's loops, while they trace a body: lax.scan and the
+# functions its body is traced in (lax.map and a fori_loop of static bounds
+# go through them), lax.while_loop (a fori_loop of traced bounds too).
+_SCAN_CODES = frozenset(
+    inspect.unwrap(getattr(_loops, name)).__code__
+    for name in ("scan", "scan_nocarry") if hasattr(_loops, name))
+_WHILE_CODES = frozenset({inspect.unwrap(_loops.while_loop).__code__})
+
+
+def loop_of_frame(frame) -> tuple[str, int | None] | None:
+  """``("scan", length)`` where ``frame`` is ``lax.scan`` (its number of
+  steps, where known), ``("while", None)`` where it is
+  ``lax.while_loop``, None for any other frame. Walking up from a loop
+  body being traced, the first one found is the loop that runs it."""
+  if frame.f_code in _SCAN_CODES:
+    length = frame.f_locals.get("length")
+    return "scan", (length if isinstance(length, int) else None)
+  if frame.f_code in _WHILE_CODES:
+    return "while", None
+  return None
