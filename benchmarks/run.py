@@ -1,5 +1,6 @@
 """`make bench`: hostcall's speed targets against plain JAX, written to
-benchmarks/results (see ``hostcall.cli.bench``; also ``hostcall bench``)."""
+benchmarks/results (the harness: ``harness.py`` here; also ``hostcall bench``
+from this checkout)."""
 
 import pathlib
 import sys

@@ -256,7 +256,7 @@ def test_a_call_of_the_carry_keeps_jaxs_hoisting_of_the_rest():
   assert of_carry <= plain * 1.5 + 4096
 
 
-# --- linearize of a while_loop -------------------------------------------------
+# --- linearize of a while_loop ---------------------------------------------
 
 def _by_kind(seen):
   # Each flavour's calls in order (calls of different flavours have no

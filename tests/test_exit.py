@@ -24,7 +24,7 @@ CHILD = textwrap.dedent("""
 
     import jax, jax.numpy as jnp
     import hostcall
-    from hostcall._flavours import jit as jit_module
+    from hostcall._jit import jitted as jit_module
     from hostcall import host_callback as hcb
 
     if route == "outputs":

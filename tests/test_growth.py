@@ -91,8 +91,8 @@ def test_an_asynchronous_call_site_is_released_with_its_executable(native):
   # so that the others are still queued then: they must be delivered, and
   # only then released.
   out = _child("""
-      from hostcall._async import queue
-      sites_before = len(queue.sites)
+      from hostcall._async import call_sites
+      sites_before = len(call_sites.sites)
       release, got, refs = threading.Event(), [], []
 
       class Big:
@@ -120,7 +120,7 @@ def test_an_asynchronous_call_site_is_released_with_its_executable(native):
       gc.collect()
       hostcall.barrier()
       print(alive_while_queued, sum(r() is not None for r in refs),
-            len(queue.sites) - sites_before,
+            len(call_sites.sites) - sites_before,
             sorted(got) == [(i, i + 1, 1 << 20) for i in range(40)])
       """, native)
   assert out.split() == ["40", "0", "0", "True"]
@@ -149,7 +149,7 @@ def test_a_call_site_released_while_its_program_runs_delivers_every_tap(jit):
   # The call returns at once (asynchronous dispatch); the function, its
   # executable and the site's owner go while the program still runs: its
   # taps, queued after that, are still delivered, and the site released.
-  from hostcall._async import queue
+  from hostcall._async import call_sites
   got, ref = [], None
 
   def start(x):
@@ -166,7 +166,7 @@ def test_a_call_site_released_while_its_program_runs_delivers_every_tap(jit):
     wrap = {"jax.jit": jax.jit, "hostcall.jit": hostcall.jit}[jit]
     return wrap(lambda x: jax.lax.scan(step, x, jnp.arange(3000))[0])(x)
 
-  sites_before = len(queue.sites)
+  sites_before = len(call_sites.sites)
   # A long program first, whose result the tapped one takes: that one
   # starts after its owner has gone.
   slow = jax.jit(lambda x: jax.lax.scan(
@@ -182,7 +182,7 @@ def test_a_call_site_released_while_its_program_runs_delivers_every_tap(jit):
   del out
   gc.collect()
   hostcall.barrier()
-  assert ref() is None and len(queue.sites) <= sites_before
+  assert ref() is None and len(call_sites.sites) <= sites_before
 
 
 @pytest.mark.parametrize("flavour", [
@@ -377,13 +377,13 @@ def test_100000_hostcall_jit_calls_leave_memory_flat(tmp_path, monkeypatch):
 def test_a_barrier_interrupted_before_settling_leaves_released_sites_to_the_next(
     monkeypatch):
   from hostcall import _jax_private
-  from hostcall._async import queue
+  from hostcall._async import call_sites
   got = []
   f = jax.jit(lambda x: hcb.id_tap(lambda a, t: got.append(int(a)), x,
                                    delivery="async"))
   f(5)
   hostcall.barrier()
-  registered = len(queue.sites)
+  registered = len(call_sites.sites)
   del f
   jax.clear_caches()
   gc.collect()  # its site retired, not yet settled by a barrier
@@ -396,6 +396,6 @@ def test_a_barrier_interrupted_before_settling_leaves_released_sites_to_the_next
   monkeypatch.setattr(_jax_private, "wait_for_effects", interrupted)
   with pytest.raises(KeyboardInterrupt):
     hostcall.barrier()
-  assert len(queue.sites) == registered  # kept for the next barrier
+  assert len(call_sites.sites) == registered  # kept for the next barrier
   hostcall.barrier()
-  assert got == [5] and len(queue.sites) == registered - 1
+  assert got == [5] and len(call_sites.sites) == registered - 1

@@ -13,8 +13,8 @@ from jax import lax
 import hostcall
 from hostcall import host_callback as hcb
 from hostcall._async import queues
-from hostcall._core import deferring
-from hostcall._flavours import jit as jit_module
+from hostcall._jit import deferring
+from hostcall._jit import jitted as jit_module
 
 #: The thread that delivers a program's calls: queued from the device (one
 #: CPU device with the native queue), or deferred to the program's outputs.

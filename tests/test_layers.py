@@ -19,6 +19,7 @@ LAYERS = [
     ["hostcall._core", "hostcall._async"],
     ["hostcall._derivatives"],
     ["hostcall._flavours"],
+    ["hostcall._jit"],
     ["hostcall.host_callback", "hostcall._printing"],
     ["hostcall._apps"],
     ["hostcall", "hostcall.control", "hostcall.metrics", "hostcall.progress",

@@ -818,7 +818,7 @@ def report(name, run):
     print(name, "raised", type(exc).__name__,
           *([count.group(1)] if count else []), flush=True)
 
-from hostcall._flavours import jit as jit_module
+from hostcall._jit import jitted as jit_module
 hostcall.barrier()  # the queue started
 print("queued", jit_module._queues_on_this_device(), flush=True)
 

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 import hostcall
-from hostcall._async import queue, queues
+from hostcall._async import call_sites, queue, queues
 from hostcall._core import emission
-from hostcall._flavours import jit as jit_module
+from hostcall._jit import jitted as jit_module
 
 
 @pytest.fixture
@@ -130,12 +130,14 @@ def _packed(site, layouts, rows):
 def test_columns_of_mixed_dtypes_at_any_offset():
   # An int8 first puts the float32 and the float64 after it off their
   # alignment: each is still read as its dtype.
-  layouts = (queue.Layout((), np.int8), queue.Layout((2,), np.float32),
-             queue.Layout((), np.float64), queue.Layout((3,), np.int16))
+  Layout = call_sites.Layout
+  layouts = (Layout((), np.int8), Layout((2,), np.float32),
+             Layout((), np.float64), Layout((3,), np.int16))
   calls = [(np.int8(k), np.float32([k, -k]), np.float64(k / 3),
             np.int16([k, 2 * k, 3 * k])) for k in range(5)]
   rows = [b"".join(np.asarray(v).tobytes() for v in call) for call in calls]
-  columns = queue._columns("target", layouts, _packed(1, layouts, rows))
+  columns = call_sites.read_columns("target", layouts,
+                                    _packed(1, layouts, rows))
   for column, layout, values in zip(columns, layouts, zip(*calls)):
     assert column.dtype == layout.dtype
     assert column.flags.c_contiguous
@@ -143,7 +145,8 @@ def test_columns_of_mixed_dtypes_at_any_offset():
 
 
 def test_columns_of_sub_byte_values_are_read_call_by_call():
-  layouts = (queue.Layout((3,), ml_dtypes.int4), queue.Layout((), np.uint8))
+  layouts = (call_sites.Layout((3,), ml_dtypes.int4),
+             call_sites.Layout((), np.uint8))
   calls = [(np.array([1, -2, 3], ml_dtypes.int4), np.uint8(k))
            for k in range(4)]
 
@@ -152,18 +155,19 @@ def test_columns_of_sub_byte_values_are_read_call_by_call():
     return bytes([codes[0] | codes[1] << 4, codes[2]]) + call[1].tobytes()
 
   rows = [packed_bytes(call) for call in calls]
-  columns = queue._columns("target", layouts, _packed(1, layouts, rows))
+  columns = call_sites.read_columns("target", layouts,
+                                    _packed(1, layouts, rows))
   np.testing.assert_array_equal(columns[0].astype(np.int8),
                                 np.int8([[1, -2, 3]] * 4))
   np.testing.assert_array_equal(columns[1], np.arange(4, dtype=np.uint8))
 
 
 def test_columns_refuse_rows_of_the_wrong_size():
-  layouts = (queue.Layout((2,), np.float32),)
+  layouts = (call_sites.Layout((2,), np.float32),)
   rows = [np.float32([1, 2, 3]).tobytes()] * 2
   with pytest.raises(RuntimeError, match="12 bytes each where their call "
                      "site describes 8"):
-    queue._columns("target", layouts, _packed(1, layouts, rows))
+    call_sites.read_columns("target", layouts, _packed(1, layouts, rows))
 
 
 def test_the_python_queue_hands_over_runs_of_one_site():

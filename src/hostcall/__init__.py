@@ -52,7 +52,7 @@ from hostcall._derivatives.rules import HostFunction, fd_step
 from hostcall._flavours.debug import debug_callback, debug_print
 from hostcall._flavours.grad import grad_callback, grad_print
 from hostcall._flavours.io import io_callback
-from hostcall._flavours.jit import jit
+from hostcall._jit.jitted import jit
 from hostcall._flavours.pure import pure_callback
 
 # Every host call started before the interpreter exits is delivered: the

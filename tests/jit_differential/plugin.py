@@ -14,7 +14,7 @@ import hostcall
 from hostcall._async import queue
 from hostcall._async.deferred import deferred
 from hostcall._core.context import why_waiting_is_forbidden
-from hostcall._flavours import jit as jit_module
+from hostcall._jit import jitted as jit_module
 
 jit_module.mode = os.environ.get("HOSTCALL_JIT_MODE", "auto")
 

@@ -11,7 +11,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import hostcall
 from hostcall import host_callback as hcb
-from hostcall._core import deferring
+from hostcall._jit import deferring
 
 MESH = Mesh(np.array(jax.devices()), ("i",))
 SHARDED = NamedSharding(MESH, P("i"))

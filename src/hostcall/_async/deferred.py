@@ -1,7 +1,7 @@
 """Delivering deferred host calls once their program's outputs are ready.
 
 ``hostcall.jit`` runs a program whose host calls became outputs (see
-``hostcall._core.deferring``) and hands those outputs here with the
+``hostcall._jit.deferring``) and hands those outputs here with the
 program's ``Plan``. One thread, ``hostcall-deferred``, takes every program
 handed in since it last looked, fetches their values to the host together
 (one trip for many calls: the thread's Python must not compete with the
@@ -62,7 +62,7 @@ class Deferred:
     self._thread = None
 
   #: Whether a ``hostcall.jit`` program queued its calls from the device
-  #: (``hostcall._core.threaded``) since the last barrier.
+  #: (``hostcall._jit.threaded``) since the last barrier.
   queued_since_barrier = False
 
   def settle_queued(self) -> None:

@@ -15,7 +15,7 @@ import jax
 import numpy as np
 
 from hostcall import _jax_private
-from hostcall._async import queue
+from hostcall._async import call_sites, queue
 from hostcall._core import emission
 from hostcall._core.context import make_context
 from hostcall._core.targets import HostTarget
@@ -26,13 +26,13 @@ def emit(ctx, target: HostTarget, contexts, token, operands, operand_avals,
   """Emits the queueing of ``operands``; returns the new token (or None)."""
   consumer = queue.consumer
   consumer.start()  # loads (or builds) the native library on first use
-  layouts = queue.layouts_of(operand_avals)
+  layouts = call_sites.layouts_of(operand_avals)
   # An operand without a layout (an extended dtype) is pushed from Python.
   if (layouts is None
       or emission.route(ctx, "enqueue", consumer.native) == "python"):
-    return _emit_python_push(ctx, queue.sites.add(target, contexts), token,
-                             operands, operand_avals, op_sharding)
-  site = queue.sites.add(target, contexts, layouts)
+    return _emit_python_push(ctx, call_sites.sites.add(target, contexts),
+                             token, operands, operand_avals, op_sharding)
+  site = call_sites.sites.add(target, contexts, layouts)
   if token is not None:
     name = "hostcall_enqueue_ordered"
     operands = [token, *operands]
@@ -51,7 +51,7 @@ def emit(ctx, target: HostTarget, contexts, token, operands, operand_avals,
 def emit_threaded(ctx, target: HostTarget, transforms, device_index: int,
                   order, operands, packed=None, returns: bool = True):
   """Emits the queueing of ``operands`` ordered by the value ``order``
-  (``hostcall._core.threaded``); returns the value the next call takes
+  (``hostcall._jit.threaded``); returns the value the next call takes
   (with ``returns=False``, none: None). ``packed``: the avals of the values
   packed into the one operand of bytes, if they were. The native handler
   where the emission table routes ``"enqueue"`` to it, else a runtime
@@ -61,16 +61,16 @@ def emit_threaded(ctx, target: HostTarget, transforms, device_index: int,
   order_aval, *operand_avals = ctx.avals_in
   device, _ = emission.caller(ctx, device_index)
   contexts = make_context(transforms, device)
-  layouts = queue.layouts_of(packed or operand_avals)
+  layouts = call_sites.layouts_of(packed or operand_avals)
   if (layouts is None
       or emission.route(ctx, "enqueue", consumer.native) == "python"):
-    site = queue.sites.add(target, contexts, joinable=True)
+    site = call_sites.sites.add(target, contexts, joinable=True)
     push = push_callback(site)
     zero = np.zeros((), np.uint8)
 
     def callback(_, *flat):
       if packed:
-        flat = queue.decode(layouts, np.asarray(flat[0]).tobytes())
+        flat = call_sites.decode(layouts, np.asarray(flat[0]).tobytes())
       push(*flat)
       return (zero,) if returns else ()
     results, _, _ = _jax_private.emit_python_callback(
@@ -78,7 +78,7 @@ def emit_threaded(ctx, target: HostTarget, transforms, device_index: int,
         [order_aval, *operand_avals], [order_aval] if returns else [],
         has_side_effect=True, returns_token=False)
     return results[0] if returns else None
-  site = queue.sites.add(target, contexts, layouts, joinable=True)
+  site = call_sites.sites.add(target, contexts, layouts, joinable=True)
   nbytes = [layout.nbytes for layout in layouts]
   op = _native_enqueue(
       ctx, "hostcall_enqueue_threaded" if returns else "hostcall_enqueue_after",
@@ -86,7 +86,7 @@ def emit_threaded(ctx, target: HostTarget, transforms, device_index: int,
   return op.results[0] if returns else None
 
 
-def _native_enqueue(ctx, name: str, site: queue.SiteRef, operands, nbytes):
+def _native_enqueue(ctx, name: str, site: call_sites.SiteRef, operands, nbytes):
   """The FFI custom call ``name`` that copies ``nbytes`` of each queued
   operand into the queue for ``site`` (a leading token or order value,
   not queued, is not counted)."""
@@ -98,7 +98,7 @@ def _native_enqueue(ctx, name: str, site: queue.SiteRef, operands, nbytes):
       nbytes=np.array(nbytes, np.int64))
 
 
-def push_callback(site: queue.SiteRef):
+def push_callback(site: call_sites.SiteRef):
   """A runtime callback that queues copies of its operands for ``site``
   (JAX's executable owns the callback, so the callback owns the site)."""
   def callback(*flat):

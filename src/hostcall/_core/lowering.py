@@ -25,7 +25,7 @@ import numpy as np
 
 from hostcall import _jax_private
 from hostcall._async import lowering as async_lowering
-from hostcall._async import queue
+from hostcall._async import call_sites, queue
 from hostcall._core import calls, emission, partitioned
 from hostcall._core.context import AFTER, make_context
 from hostcall._core.effects import ORDERED, effect_of
@@ -119,7 +119,8 @@ def emit_partitioned(ctx, args, target, transforms, ordering, delivery):
       devices=tuple(axis_context.device_assignment), transforms=transforms)
   if delivery == "async":
     queue.consumer.start()
-    callback = async_lowering.push_callback(queue.sites.add(target, unpack))
+    callback = async_lowering.push_callback(
+        call_sites.sites.add(target, unpack))
   else:
     def callback(*flat):
       unpacked = unpack(flat)

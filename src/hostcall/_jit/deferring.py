@@ -13,8 +13,8 @@ evaluated again with each such call rebound one of two ways:
   that value (a bar's open: "this device's latest invocation");
 * as outputs (``evaluate``, elsewhere): each call's operands become extra
   outputs of the program, packed into one flat buffer of bytes, and a
-  ``Plan`` says how the host replays the calls, in program order, once
-  those outputs are ready (``hostcall._async.deferred``).
+  ``Plan`` (``plan.py``) says how the host replays the calls, in program
+  order, once those outputs are ready (``hostcall._async.deferred``).
 
 Either way the program carries no JAX effect. Where the calls may sit: the
 top level of the program, a ``jax.jit`` inside it (inlined, its arguments
@@ -36,7 +36,6 @@ from being taken out: JAX promises no order for them.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Sequence
 
 import jax
@@ -45,121 +44,10 @@ import numpy as np
 from jax.extend import core as jex_core
 
 from hostcall import _jax_private
-from hostcall._core import threaded
-from hostcall._core.context import AFTER, make_context
+from hostcall._core.context import AFTER
 from hostcall._core.primitive import hostcall_p
-from hostcall._core.targets import HostTarget, Steps
-
-
-@dataclasses.dataclass(frozen=True)
-class Call:
-  """One deferred host call: its target, transformations and operands'
-  shapes and dtypes (without the stacking of enclosing loops)."""
-
-  target: HostTarget
-  transforms: tuple
-  shapes: tuple
-  dtypes: tuple
-  device_index: int = 0
-
-  @property
-  def size(self) -> int:
-    return len(self.shapes)
-
-
-@dataclasses.dataclass(frozen=True)
-class Loop:
-  """The deferred calls of a ``lax.scan`` body, stacked ``length`` deep."""
-
-  length: int
-  reverse: bool
-  body: tuple
-
-  @property
-  def size(self) -> int:
-    return sum(node.size for node in self.body)
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class Plan:
-  """How the host replays a program's deferred calls from its packed
-  output: ``nodes`` in program order; ``slots`` say where each flat value
-  sits (``(start, stop, carrier, shape, dtype)``: bytes of the output, read
-  as ``carrier`` and converted to ``dtype``). Compared by identity: one per
-  traced program."""
-
-  nodes: tuple
-  slots: tuple
-  _contexts: dict = dataclasses.field(default_factory=dict, repr=False)
-
-  @property
-  def nbytes(self) -> int:
-    """The size of one call's packed output."""
-    return self.slots[-1][1] if self.slots else 0
-
-  def replay(self, packed: Sequence[np.ndarray], devices, run) -> None:
-    """Calls ``run(target, operands, context)`` for each deferred call of
-    the calls of the program whose packed outputs are ``packed`` (one
-    array of bytes per call), in the order the calls were made, each in
-    program order. A program whose only deferred call is a vectorised
-    target at its top level (``deliver_steps``: a metrics row) hands every
-    call's values to it at once, as ``hostcall.scan`` delivers a chunk:
-    nothing else runs between those calls, so that the rows keep their
-    order (and a run logged without steps numbers them as ``jax.jit``'s
-    calls would). ``devices``: the program's devices, a call's
-    ``device_index`` picks its caller."""
-    contexts = self._contexts.get(devices)
-    if contexts is None:
-      contexts = self._contexts[devices] = {}
-    rows = np.stack(packed) if len(packed) > 1 else packed[0][None]
-    # Each value of every call at once: (calls, *shape).
-    columns = [_uncarried(rows[:, start:stop], carrier, shape, dtype)
-               for start, stop, carrier, shape, dtype in self.slots]
-    node = self.nodes[0] if len(self.nodes) == 1 else None
-    if (len(packed) > 1 and type(node) is Call
-        and node.target.deliver_steps is not None
-        and node.target.joins_calls):
-      context = _context_of(node, devices, contexts)
-      rank = len(context.batch_levels)
-      stacked = [np.moveaxis(c, 0, rank) if rank else c for c in columns]
-      run(Steps(node.target, len(packed)), stacked, context)
-      return
-    for i in range(len(packed)):
-      # (i, ...): a 0-d value stays an array, as the runtime hands it.
-      _replay(self.nodes, [c[i, ...] for c in columns], devices, run,
-              contexts)
-
-
-def _uncarried(raw: np.ndarray, carrier, shape, dtype) -> np.ndarray:
-  value = np.ascontiguousarray(raw).view(carrier).reshape(
-      (raw.shape[0], *shape))
-  if carrier == dtype:
-    return value
-  if jnp.issubdtype(dtype, jnp.complexfloating):
-    return value.view(dtype).reshape(value.shape[:-1])
-  return value.astype(dtype)
-
-
-def _context_of(node: Call, devices, contexts: dict):
-  context = contexts.get(id(node))
-  if context is None:
-    device = devices[node.device_index if len(devices) > 1 else 0]
-    context = contexts[id(node)] = make_context(node.transforms, device)
-  return context
-
-
-def _replay(nodes, values, devices, run, contexts) -> None:
-  at = 0
-  for node in nodes:
-    mine = values[at:at + node.size]
-    at += node.size
-    if type(node) is Call:
-      run(node.target, mine, _context_of(node, devices, contexts))
-    else:
-      steps = range(node.length)
-      for step in (reversed(steps) if node.reverse else steps):
-        _replay(node.body, [v[step, ...] for v in mine], devices, run,
-                contexts)
+from hostcall._jit import threaded
+from hostcall._jit.plan import Call, Loop
 
 
 # --- which programs can be deferred -----------------------------------------
@@ -345,7 +233,7 @@ def evaluate(closed_jaxpr, args: Sequence) -> tuple[list, list, tuple]:
 def evaluate_threaded(closed_jaxpr, args: Sequence) -> list:
   """Evaluates ``closed_jaxpr`` on ``args`` (in the current trace) with
   its deferrable calls queued without a JAX effect, in program order
-  (``hostcall._core.threaded``); returns the outputs."""
+  (``hostcall._jit.threaded``); returns the outputs."""
   recorder = _Recorder(order=threaded.start_order())
   outs = _evaluate(_jaxpr_of(closed_jaxpr), closed_jaxpr.consts, args,
                    recorder)
@@ -527,44 +415,3 @@ def _cond(eqn, invals, recorder: _Recorder) -> list:
       index, [branch(b) for b in eqn.params["branches"]], recorder.order,
       *operands)
   return outs
-
-
-def pack(values: Sequence, nodes: tuple) -> tuple[list, Plan]:
-  """Packs the deferred ``values`` into one flat array of bytes (the host
-  fetches one buffer per call); returns ``([pack], plan)``."""
-  pieces, slots, used = [], [], 0
-  for value in values:
-    dtype = np.dtype(value.dtype)
-    carrier, value = _carried(value, dtype)
-    raw = jnp.ravel(jax.lax.bitcast_convert_type(value, jnp.uint8))
-    size = int(raw.shape[0])
-    slots.append((used, used + size, carrier, tuple(value.shape), dtype))
-    used += size
-    pieces.append(raw)
-  if not pieces:
-    packs = [jnp.zeros((0,), jnp.uint8)]
-  else:
-    packs = [jnp.concatenate(pieces) if len(pieces) > 1 else pieces[0]]
-  return packs, Plan(nodes, tuple(slots))
-
-
-def _carried(value, dtype: np.dtype):
-  """``(carrier dtype, value as the carrier)``: a dtype of whole bytes
-  that ``bitcast_convert_type`` takes, and that converts back exactly."""
-  if dtype == np.bool_:
-    return np.dtype(np.uint8), value.astype(jnp.uint8)
-  if jnp.issubdtype(dtype, jnp.complexfloating):
-    parts = np.dtype(np.float64 if dtype.itemsize == 16 else np.float32)
-    return parts, jnp.stack([jnp.real(value), jnp.imag(value)], axis=-1)
-  floating = jnp.issubdtype(dtype, jnp.floating)
-  bits = (jax.dtypes.finfo(dtype) if floating else jax.dtypes.iinfo(dtype)).bits
-  if bits >= 8:
-    return dtype, value
-  # Less than a byte (int4, float4): widened exactly.
-  if floating:
-    wide = np.dtype(np.float32)
-  elif jnp.issubdtype(dtype, jnp.signedinteger):
-    wide = np.dtype(np.int8)
-  else:
-    wide = np.dtype(np.uint8)
-  return wide, value.astype(wide)

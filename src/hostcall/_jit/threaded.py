@@ -26,7 +26,7 @@ from jax.interpreters import mlir
 
 from hostcall import _jax_private
 from hostcall._async import lowering as async_lowering
-from hostcall._async import queue
+from hostcall._async import call_sites
 
 hostcall_threaded_p = jex_core.Primitive("hostcall_threaded")
 hostcall_threaded_p.multiple_results = True
@@ -74,7 +74,7 @@ def _packable(dtype) -> bool:
   # Bytes as they are in the buffer: no sub-byte type (stored otherwise),
   # no complex number (which has no bit cast).
   return (dtype.kind != "c"
-          and queue.element_bits(dtype) == 8 * dtype.itemsize)
+          and call_sites.element_bits(dtype) == 8 * dtype.itemsize)
 
 
 _WORDS = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import hostcall
-from hostcall._flavours import jit as jit_module
+from hostcall._jit import jitted as jit_module
 
 CALLS = 2000
 METRICS = 10

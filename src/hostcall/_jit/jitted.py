@@ -3,11 +3,11 @@
 Any JAX effect sends a compiled call off JAX's C++ dispatch path, and an
 ordered one adds a token per call: a jitted step with one print costs many
 times a plain one. ``hostcall.jit`` compiles the same program with its
-deferrable host calls (see ``hostcall._core.deferring``) taken out of its
+deferrable host calls (see ``hostcall._jit.deferring``) taken out of its
 effects, so that dispatch runs it on the fast path:
 
 * on one CPU device with the native tap queue, each call is queued from
-  the device as the program runs (``hostcall._core.threaded``: a custom
+  the device as the program runs (``hostcall._jit.threaded``: a custom
   call without a JAX effect, ordered by a value threaded through the
   program, ``lax.scan``, ``while_loop`` and ``cond`` included), and the
   queue's consumer thread delivers it, as it delivers asynchronous taps;
@@ -30,9 +30,9 @@ import jax
 from hostcall import _jax_private
 from hostcall._async import native, queue
 from hostcall._async.deferred import deferred
-from hostcall._core import deferring
 from hostcall._core.checks import check_callable
-from hostcall._flavours import jax_callbacks
+from hostcall._jit import deferring, jax_callbacks
+from hostcall._jit import plan as replay_plan
 
 
 class HostcallJitWarning(UserWarning):
@@ -74,7 +74,7 @@ def _queues_on_this_device() -> bool:
   """Whether programs are compiled for the one device of a CPU-only
   process with the native tap queue: their deferrable calls are then
   queued from the program itself without a JAX effect
-  (``hostcall._core.threaded``); elsewhere (an accelerator, several
+  (``hostcall._jit.threaded``); elsewhere (an accelerator, several
   devices) they become outputs."""
   return mode == "auto" and (_ONE_CPU if _ONE_CPU is not None
                              else _one_cpu_with_the_native_queue())
@@ -235,7 +235,7 @@ class Jitted:
       return (jax.tree_util.tree_unflatten(out_tree, outs),
               _DeferredOutputs([], None))
     outs, extra, nodes = deferring.evaluate(deferrable, values)
-    packs, plan = deferring.pack(extra, nodes)
+    packs, plan = replay_plan.pack(extra, nodes)
     return (jax.tree_util.tree_unflatten(out_tree, outs),
             _DeferredOutputs(packs, plan))
 

@@ -1,0 +1,98 @@
+"""hostcall's speed targets, measured against plain JAX in the same run
+(``make bench``, or ``hostcall bench`` from a source checkout).
+
+The rows are in ``rows_taps``, ``rows_apps`` and ``rows_jit`` (one function
+each, or one for rows measured together). Most rows time a jitted
+``lax.scan`` whose step is one 64x64 float32 matmul (plus ``tanh``), with
+and without host calls, and report microseconds per step and the ratio to
+the same scan without callbacks (or to the quantity the target names).
+Results go to the terminal, to ``<out>/latest.json`` and, when matplotlib
+is installed, to ``<out>/latest.png``.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import platform
+import tempfile
+
+import jax
+
+import hostcall
+
+import rows_apps
+import rows_jit
+import rows_taps
+from common import Bench
+
+#: Every row, in the order printed.
+ROWS = (rows_taps.plain_scan, rows_taps.jax_references, rows_taps.default_tap,
+        rows_taps.ordered_vs_unordered, rows_taps.loop_buffered,
+        rows_taps.async_device_side, rows_taps.async_dispatch,
+        rows_taps.async_slow_host, rows_taps.one_tap_per_call,
+        rows_taps.big_async_tap, rows_taps.busy_main_thread,
+        rows_apps.progress_bar, rows_apps.metrics_rows, rows_apps.peers,
+        rows_apps.steered_loops, rows_apps.backward_pass,
+        rows_apps.tracking_writers, rows_jit.jit_rows)
+
+
+def measure(steps: int, repeats: int) -> list[dict]:
+  """Every row, measured against the same plain scan."""
+  bench = Bench(steps, repeats)
+  return [row for rows_of in ROWS for row in rows_of(bench)]
+
+
+def _print(rows, steps, repeats) -> None:
+  print(f"hostcall benchmarks: scan of {steps} steps (64x64 matmul), median "
+        f"of {repeats}; jax {jax.__version__}, {platform.machine()}, "
+        f"queue: {hostcall.queue_stats()['native'] and 'native' or 'python'}")
+  print(f"{'row':62s} {'us/step':>9s} {'ratio':>7s} {'target':>7s}  result")
+  for r in rows:
+    us = "-" if r["us_per_step"] is None else f"{r['us_per_step']:.2f}"
+    ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}x"
+    target = "" if r["target"] is None else f"{r['target']:.2f}x"
+    verdict = {None: "", True: "pass", False: "MISS"}[r["pass"]]
+    print(f"{r['row']:62s} {us:>9s} {ratio:>7s} {target:>7s}  {verdict} "
+          f"{r['note']}")
+
+
+def _chart(rows, path) -> bool:
+  try:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+  except ImportError:
+    return False
+  shown = [r for r in rows if r["ratio"] is not None]
+  fig, ax = plt.subplots(figsize=(10, 0.45 * len(shown) + 1))
+  names = [r["row"] for r in shown]
+  ratios = [r["ratio"] for r in shown]
+  colors = ["tab:gray" if r["pass"] is None else
+            ("tab:green" if r["pass"] else "tab:red") for r in shown]
+  ax.barh(names, ratios, color=colors)
+  for i, r in enumerate(shown):
+    if r["target"] is not None:
+      ax.plot([r["target"]] * 2, [i - 0.4, i + 0.4], "k--")
+  ax.set_xscale("log")
+  ax.invert_yaxis()
+  ax.set_xlabel("ratio (dashed: target; green pass, red miss, grey reference)")
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  return True
+
+
+def run(args) -> int:
+  steps, repeats = (40, 2) if args.smoke else (args.steps, args.repeats)
+  rows = measure(steps, repeats)
+  _print(rows, steps, repeats)
+  results = pathlib.Path(args.out or
+                         tempfile.mkdtemp(prefix="hostcall-bench-"))
+  results.mkdir(parents=True, exist_ok=True)
+  (results / "latest.json").write_text(json.dumps(
+      {"steps": steps, "repeats": repeats, "jax": jax.__version__,
+       "machine": platform.machine(), "rows": rows}, indent=2))
+  print(f"results: {results / 'latest.json'}")
+  if _chart(rows, results / "latest.png"):
+    print(f"chart: {results / 'latest.png'}")
+  return 0

@@ -1,0 +1,266 @@
+"""Rows of the applications: progress bars, metrics rows and their writers,
+the peers (jax-tqdm, chex), steered loops and the backward pass, each
+against the plain scan (or XLA's floor) measured in the same run."""
+
+from __future__ import annotations
+
+import io
+import json
+import statistics
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import io_callback
+
+import hostcall
+
+from common import Bench, EVERY, X, matmul_step, median_time, noop, row
+
+
+def progress_bar(b: Bench) -> list[dict]:
+  """7. A progress bar (a few percent: three times the repeats)."""
+  def step(carry, _):
+    return matmul_step(carry), None
+
+  fn = jax.jit(lambda x: hostcall.progress.scan(
+      step, x, None, length=b.steps, file=io.StringIO())[0])
+  us, ratio = b.paired(fn, repeats=3 * b.repeats)
+  _, effectful = b.paired(fn, repeats=3 * b.repeats,
+                          base_fn=b.effectful_base_fn)
+  return [row("7. progress bar (hostcall.progress.scan)", us, ratio, 1.1,
+               "a tick every 1% of the loop"),
+          row("7. ... progress bar / effectful dispatch", us, effectful,
+               None, "vs the plain scan with one jax.debug.callback")]
+
+
+def metrics_rows(b: Bench) -> list[dict]:
+  """7. Per-step metrics, against XLA's floor (the same values as ys), and
+  with a progress bar (the demo's loop)."""
+  repeats = 3 * b.repeats
+  rows = []
+  with tempfile.TemporaryDirectory() as root:
+    run = hostcall.metrics.Run("bench", root=root)
+
+    def logged_step(state, _):
+      i, carry = state
+      carry = matmul_step(carry)
+      run.log(i, value=carry[0, 0], norm=carry[0, 1])
+      return (i + 1, carry), None
+
+    def logged(loop, jit=jax.jit, **options):
+      return jit(lambda x: loop(logged_step, (0, x), None, length=b.steps,
+                                **options)[0][1])
+
+    def stacked_step(state, _):  # the same values, returned as ys
+      i, carry = state
+      carry = matmul_step(carry)
+      return (i + 1, carry), (i, carry[0, 0], carry[0, 1])
+
+    # All three stacked: returning one of them, XLA drops the others.
+    floor = jax.jit(lambda x: jax.lax.scan(stacked_step, (0, x), None,
+                                           length=b.steps)[1])
+    floor_us, floor_ratio = b.paired(floor, repeats=repeats)
+    rows.append(row("7. floor: lax.scan returning the logged values as ys",
+                     floor_us, floor_ratio, None,
+                     "reference: XLA stacks them, no callback"))
+    rows.append(row("7. per-step metrics in lax.scan (a tap a step)",
+                     *b.paired(logged(jax.lax.scan), repeats=repeats), None,
+                     "reference"))
+    us, ratio = b.paired(logged(hostcall.scan, every=EVERY), repeats=repeats)
+    rows.append(row(f"7. per-step metrics (hostcall.scan, every={EVERY})",
+                     us, ratio, None, "JSON Lines; ratio to the plain scan"))
+    # The target is against XLA's own cost of the same values as ys.
+    rows.append(row("7. ... per-step metrics / the floor", us,
+                     ratio / floor_ratio, 1.1, "ratio to the floor row"))
+    fn = logged(hostcall.progress.scan, file=io.StringIO())
+    us, ratio = b.paired(fn, repeats=repeats)
+    rows.append(row("7. progress bar + per-step metrics (progress.scan)",
+                     us, ratio, 1.2, "chunks of 1% of the loop"))
+    _, effectful = b.paired(fn, repeats=repeats,
+                            base_fn=b.effectful_base_fn)
+    rows.append(row("7. ... progress bar + metrics / effectful dispatch", us,
+                     effectful, None,
+                     "vs the plain scan with one jax.debug.callback"))
+    # The same loop under hostcall.jit: on one CPU device the bar's events
+    # and the rows are queued without a JAX effect (issue 23). Its target
+    # row stops the clock once every host call is delivered and every row
+    # written, as issue 23's rows do.
+    jitted = logged(hostcall.progress.scan, jit=hostcall.jit,
+                    file=io.StringIO())
+    us, ratio = b.paired(jitted, repeats=repeats, delivered=True)
+    rows.append(row("7. progress bar + per-step metrics under hostcall.jit",
+                     us, ratio, 1.1, "every call delivered, rows written; "
+                     "ratio to the plain scan"))
+    us, ratio = b.paired(jitted, repeats=repeats)
+    rows.append(row("7. ... under hostcall.jit, device side", us, ratio,
+                     None, "the queue drained after the timing"))
+    # What hostcall adds to XLA's own cost of the same values (the floor).
+    rows.append(row("7. ... under hostcall.jit, device side / the floor",
+                     us, ratio / floor_ratio, None, "ratio to the floor row"))
+    # The barrier waits until every row is written.
+    e2e = median_time(lambda: (fn(X).block_until_ready(), hostcall.barrier()),
+                       b.repeats)
+    run.close()
+    rows.append(row("7. ... end to end, rows written / plain scan",
+                     e2e / b.steps * 1e6, e2e / (b.base * b.steps / 1e6),
+                     None, "JSON Lines on disk"))
+  return rows
+
+
+def peers(b: Bench) -> list[dict]:
+  """8. What users pick instead, measured in the same run: jax-tqdm's bar
+  (against ``progress.scan``) and a JAX ``io_callback`` writing JSON Lines
+  each step (against ``hostcall.metrics`` in ``hostcall.scan``)."""
+  repeats = 3 * b.repeats
+  rows = []
+  try:
+    from jax_tqdm import scan_tqdm
+  except ImportError:
+    rows.append(row("8. peer: jax-tqdm scan_tqdm", None, None, None,
+                     "not installed: pip install 'hostcall[bench]'"))
+  else:
+    def peer_step(carry, i):
+      return matmul_step(carry), None
+    bar = scan_tqdm(b.steps, print_rate=max(1, b.steps // 100),
+                    file=io.StringIO())(peer_step)
+    fn = jax.jit(lambda x: jax.lax.scan(bar, x, jnp.arange(b.steps))[0])
+    rows.append(row("8. peer: jax-tqdm scan_tqdm (a tick every 1%)",
+                     *b.paired(fn, repeats=repeats), None,
+                     "compare: 7. progress bar"))
+  with tempfile.TemporaryDirectory() as root:
+    out = open(f"{root}/peer.jsonl", "w")
+
+    def write_row(i, value, norm):
+      out.write(json.dumps({"step": int(i), "value": float(value),
+                            "norm": float(norm)}) + "\n")
+
+    def logged_step(state, _):
+      i, carry = state
+      carry = matmul_step(carry)
+      io_callback(write_row, None, i, carry[0, 0], carry[0, 1], ordered=True)
+      return (i + 1, carry), None
+
+    fn = jax.jit(lambda x: jax.lax.scan(logged_step, (0, x), None,
+                                        length=b.steps)[0][1])
+    rows.append(row("8. peer: JAX io_callback writing JSON Lines each step",
+                     *b.paired(fn, repeats=repeats), None,
+                     "compare: 7. per-step metrics"))
+    out.close()
+  return rows
+
+
+def steered_loops(b: Bench) -> list[dict]:
+  """9. Loops the host can stop (``hostcall.control``): a check every 1%
+  of the loop, against the plain scan."""
+  repeats = 3 * b.repeats
+
+  def step(carry, _):
+    return matmul_step(carry), None
+
+  def steered(**options):
+    return jax.jit(lambda x: hostcall.progress.scan(
+        step, x, None, length=b.steps, every=max(1, b.steps // 100),
+        **options).value[0])
+
+  return [
+      row("9. interruptible loop, no bar (Ctrl-C, time limit)",
+           *b.paired(steered(disable=True, interruptible=True,
+                             time_limit=3600.0), repeats=repeats), 1.05,
+           "a check every 1% of the loop"),
+      row("9. ... with a progress bar",
+           *b.paired(steered(file=io.StringIO(), interruptible=True,
+                             time_limit=3600.0), repeats=repeats), 1.1,
+           "compare: 7. progress bar"),
+      row("9. ... stopped by a host predicate (stop_when)",
+           *b.paired(steered(disable=True, stop_when=lambda status: False),
+                     repeats=repeats), 1.1,
+           "the predicate runs after each tick"),
+  ]
+
+
+def backward_pass(b: Bench) -> list[dict]:
+  """10. One ``grad_callback`` a step on the carry (its 64x64 cotangent,
+  16 KiB) in the scan under ``grad``, asynchronous, against the same
+  backward pass without it; and one ``Run.log_grad`` a step (its norm)."""
+  repeats = 3 * b.repeats
+
+  def loss(watch):
+    def step(carry, _):
+      return watch(matmul_step(carry)), None
+    return lambda x: jnp.sum(jax.lax.scan(step, x, None, length=b.steps)[0])
+
+  plain = jax.jit(jax.grad(loss(lambda c: c)))
+  watched = jax.jit(hostcall.delivery("async")(jax.grad(loss(
+      lambda c: hostcall.grad_callback(noop, c)))))
+  rows = []
+  us, ratio = b.paired(watched, repeats=repeats, base_fn=plain)
+  rows.append(row("10. grad_callback a step under grad, async, end to end",
+                   us, ratio, 1.2,
+                   "16 KiB cotangent a step; ratio to the same backward pass "
+                   "without it, every call delivered"))
+  us, ratio = b.paired(watched, drain=False, repeats=repeats, base_fn=plain)
+  rows.append(row("10. ... device side", us, ratio, None,
+                   "the queue drained after the timing"))
+  with tempfile.TemporaryDirectory() as root:
+    run = hostcall.metrics.Run("bench-grad", root=root)
+    logged = jax.jit(jax.grad(loss(lambda c: run.log_grad(c=c))))
+    us, ratio = b.paired(logged, repeats=repeats, base_fn=plain)
+    run.close()
+  rows.append(row("10. Run.log_grad a step (the norm), rows written", us,
+                   ratio, None, "ratio to the same backward pass without it"))
+  return rows
+
+
+def tracking_writers(b: Bench) -> list[dict]:
+  """11. Per-step metrics (in ``hostcall.scan``) through the MLflow writer,
+  to a SQLite tracking store, against the JSON Lines writer: the device
+  side (the writer thread keeps the device from waiting either way) and
+  the host's drain (from the computation's end until every row is
+  stored)."""
+  try:
+    import mlflow  # noqa: F401
+  except ImportError:
+    return [row("11. per-step metrics, MLflow writer", None, None, None,
+                 "not installed: pip install 'hostcall[mlflow]'")]
+  repeats = 3 * b.repeats
+  rows, device = [], {}
+  with tempfile.TemporaryDirectory() as root:
+    writers = {
+        "JSON Lines": "jsonl",
+        "MLflow": hostcall.metrics.MlflowWriter(
+            "bench", tracking_uri=f"sqlite:///{root}/mlflow.db")}
+    for label, writer in writers.items():
+      run = hostcall.metrics.Run(f"bench-{label}", root=root,
+                                 writers=[writer])
+
+      def logged_step(state, _, run=run):
+        i, carry = state
+        carry = matmul_step(carry)
+        run.log(i, value=carry[0, 0], norm=carry[0, 1])
+        return (i + 1, carry), None
+
+      fn = jax.jit(lambda x, step=logged_step: hostcall.scan(
+          step, (0, x), None, length=b.steps, every=EVERY)[0][1])
+      # Device side: the rows are drained after the timings, not between.
+      us, ratio = b.paired(fn, drain=False, repeats=repeats)
+      device[label] = ratio
+      rows.append(row(f"11. per-step metrics, {label} writer (device side)",
+                       us, ratio, None, f"hostcall.scan, every={EVERY}"))
+      drains = []
+      for _ in range(b.repeats):
+        fn(X).block_until_ready()
+        start = time.perf_counter()
+        hostcall.barrier()
+        drains.append(time.perf_counter() - start)
+      drain = statistics.median(drains)
+      rows.append(row(f"11. ... host drain, {label}", drain / b.steps * 1e6,
+                       None, None,
+                       f"{drain * 1e3:.1f} ms to store {b.steps} rows after "
+                       "the computation ended (us_per_step: per row)"))
+      run.close()
+  rows.append(row("11. ... MLflow / JSON Lines, device side",
+                   None, device["MLflow"] / device["JSON Lines"], 1.1,
+                   "the writer thread keeps the device from waiting"))
+  return rows
