@@ -3,7 +3,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: venv demo test test-heavy test-compositions test-legacy test-matrix test-jax bench docs clean
+.PHONY: FORCE venv demo test test-heavy test-compositions test-legacy test-matrix test-jax bench docs clean
 
 # One venv; each extra installed into it once, with its own stamp
 # (.venv/.installed-demo, .venv/.installed-test, ...), so that `make demo`
@@ -13,8 +13,33 @@ venv: $(VENV)/.installed-test
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-$(VENV)/.installed-%: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[$*]'
+# The native extension is compiled by the install (CMakeLists.txt); a
+# change to its C++ sources installs again. Here it is compiled against the
+# venv's own jaxlib, without pip's isolated build environment (which would
+# install a second jaxlib, and SciPy, only to read its headers: about 15 s):
+# the build requirements go into the venv first. `pip install .` elsewhere
+# builds in isolation, against the oldest jaxlib (pyproject.toml).
+NATIVE := CMakeLists.txt $(wildcard src/hostcall/*.cc src/hostcall/*/*.cc src/hostcall/*/*/*.cc)
+# (CMake and Ninja from the package index only where the system has none,
+# as pip's isolated build would.)
+BUILD_REQUIRES := scikit-build-core>=0.11 $(if $(shell command -v cmake),,cmake>=3.18) $(if $(shell command -v ninja),,ninja)
+PIP := -m pip install --quiet --disable-pip-version-check
+# jaxlib as pyproject.toml's dependencies give it ("jaxlib>=0.8.0,<0.13").
+JAXLIB = $(shell $(PYTHON) -c 'import tomllib; print(next(d for d in tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"] if d.startswith("jaxlib")))')
+
+# An editable install maps each module to its file when installed: adding,
+# removing or moving a Python file installs again too. The list of them is
+# kept in .venv/.python-files, rewritten only when it changes.
+PY_FILES = $(sort $(shell find src/hostcall -name '*.py' -not -path '*/__pycache__/*'))
+
+$(VENV)/.python-files: FORCE | $(BIN)/python
+	@echo '$(PY_FILES)' | cmp -s - $@ || echo '$(PY_FILES)' > $@
+
+FORCE:
+
+$(VENV)/.installed-%: pyproject.toml $(NATIVE) $(VENV)/.python-files | $(BIN)/python
+	$(BIN)/python $(PIP) $(foreach r,$(BUILD_REQUIRES),'$(r)') '$(JAXLIB)'
+	$(BIN)/python $(PIP) --no-build-isolation -e '.[$*]'
 	touch $@
 
 demo: $(VENV)/.installed-demo
@@ -58,8 +83,10 @@ test-jax:
 	test -f .venv-jax-$(JAX_VERSION)/.installed || ( \
 	  $(JAX_PYTHON) -m venv .venv-jax-$(JAX_VERSION) && \
 	  .venv-jax-$(JAX_VERSION)/bin/python -m pip install --quiet --upgrade pip && \
-	  .venv-jax-$(JAX_VERSION)/bin/python -m pip install --quiet -e '.[test]' \
-	    jax==$(JAX_VERSION) jaxlib==$(JAX_VERSION) && \
+	  .venv-jax-$(JAX_VERSION)/bin/python $(PIP) $(foreach r,$(BUILD_REQUIRES),'$(r)') \
+	    jaxlib==$(JAX_VERSION) && \
+	  .venv-jax-$(JAX_VERSION)/bin/python $(PIP) --no-build-isolation \
+	    -e '.[test]' jax==$(JAX_VERSION) jaxlib==$(JAX_VERSION) && \
 	  touch .venv-jax-$(JAX_VERSION)/.installed )
 	.venv-jax-$(JAX_VERSION)/bin/python -m pytest -q -m "not heavy" -p no:cacheprovider
 

@@ -4,12 +4,15 @@ import json
 from importlib import metadata
 import pathlib
 import re
+import site
 import subprocess
 import sys
+import sysconfig
 
 import pytest
 
 ROOT = pathlib.Path(__file__).parent.parent
+_EXT_SUFFIX = sysconfig.get_config_var("EXT_SUFFIX")
 
 
 def _hostcall(*args, cwd=None):
@@ -109,11 +112,16 @@ def test_info_names_versions_devices_and_fast_path():
                    re.M)
   assert "backend cpu" in out
   assert "async taps: native (XLA FFI handler" in out
-  # The stop check's library is its own (and its own file).
-  assert re.search(r"^steered loops' checks: native \(XLA FFI handler, "
-                   r".*hostcall_control-[^/]*\.so\)$", out, re.M)
-  assert re.search(r"^native cache: .*hostcall \(HOSTCALL_CACHE\), "
-                   r"compiler: /", out, re.M)
+  # Both components load the one extension built when hostcall was
+  # installed (named for this Python).
+  extension = re.escape(f"/hostcall/_native{_EXT_SUFFIX}")
+  assert re.search(r"^async taps: native \(XLA FFI handler, /.*"
+                   + extension + r"\)$", out, re.M)
+  assert re.search(r"^steered loops' checks: native \(XLA FFI handler, /.*"
+                   + extension + r"\)$", out, re.M)
+  assert re.search(r"^native extension: /.*" + extension
+                   + r" \(built when hostcall was installed\)$", out, re.M)
+  assert "cache" not in out.lower() and "compiler" not in out
   assert "queue capacity: 67108864 bytes" in out
   assert re.search(r"^notebook widgets: (ipywidgets [\d.]+|not installed)",
                    out, re.M)
@@ -259,6 +267,22 @@ def test_make_bench_script_is_the_same_benchmark(tmp_path):
   assert f"results: {tmp_path / 'latest.json'}" in proc.stdout
 
 
+def test_bench_outside_a_source_checkout_says_where_the_benchmarks_are(
+    tmp_path, monkeypatch, capsys):
+  # The harness is not installed with the package: where no checkout is
+  # found (a wheel's site-packages, another directory), it says so.
+  import hostcall
+  from hostcall.cli import main
+  monkeypatch.setattr(hostcall, "__file__",
+                      str(tmp_path / "site" / "hostcall" / "__init__.py"))
+  monkeypatch.chdir(tmp_path)
+  assert main(["bench", "--smoke"]) == 2
+  err = capsys.readouterr().err
+  assert "benchmarks/harness.py" in err and "make bench" in err
+  installed = pathlib.Path(sys.modules["hostcall.cli"].__file__).parent
+  assert not list(installed.glob("bench_*.py"))
+
+
 def test_console_script_is_installed():
   script = pathlib.Path(sys.executable).parent / "hostcall"
   proc = subprocess.run([str(script), "info"], capture_output=True, text=True,
@@ -273,46 +297,21 @@ def _run(args, env, cwd=None):
                         cwd=cwd, env={**os.environ, **env})
 
 
-def test_info_build_builds_the_native_queue_ahead_and_says_so(tmp_path):
-  env = {"HOSTCALL_CACHE": str(tmp_path / "cache"), "HOSTCALL_NATIVE": "1"}
-  first = _run([sys.executable, "-m", "hostcall", "info", "--build"], env)
-  assert first.returncode == 0, first.stderr[-2000:]
-  lines = first.stdout.splitlines()
-  assert lines[0] == (f"native tap queue: building, once for this jaxlib "
-                      f"(about 10 s), into {tmp_path / 'cache'} ...")
-  assert re.fullmatch(r"native tap queue: built in \d+\.\d s: .*\.so",
-                      lines[1])
-  assert lines[2] == (f"native stop check: building, once for this jaxlib "
-                      f"(about 10 s), into {tmp_path / 'cache'} ...")
-  assert re.fullmatch(r"native stop check: built in \d+\.\d s: .*\.so",
-                      lines[3])
-  assert len(list((tmp_path / "cache").glob("*.so"))) == 2
-  again = _run([sys.executable, "-m", "hostcall", "info", "--build"], env)
-  assert again.stdout.startswith("native tap queue: already built: ")
-  # An asynchronous tap then builds nothing and says nothing.
-  tap = _run([sys.executable, "-c",
-              "import jax, hostcall\n"
-              "with hostcall.delivery('async'):\n"
-              "  jax.jit(lambda x: hostcall.debug_callback(print, x))(1.0)\n"
-              "hostcall.barrier()\n"], env)
-  assert tap.stdout == "1.0\n" and "building" not in tap.stderr
-
-
-def test_the_first_asynchronous_tap_says_it_builds_the_queue_once(tmp_path):
-  # The message comes before the build, whatever the build's outcome: a
-  # compiler that cannot run keeps this test short.
-  env = {"HOSTCALL_CACHE": str(tmp_path / "cache"), "HOSTCALL_NATIVE": "1",
-         "CXX": "/nonexistent"}
-  proc = _run([sys.executable, "-c",
-               "import jax, hostcall\n"
-               "for i in range(2):\n"
-               "  with hostcall.delivery('async'):\n"
-               "    jax.jit(lambda x: hostcall.debug_callback(print, x))(i)\n"
-               "  hostcall.barrier()\n"], env)
-  assert proc.stdout == "0\n1\n", proc.stderr[-2000:]
-  said = [line for line in proc.stderr.splitlines()
-          if "building the native tap queue" in line]
-  assert said == [
-      f"hostcall: building the native tap queue, once for this jaxlib (about "
-      f"10 s), into {tmp_path / 'cache'}; `hostcall info --build` builds it "
-      "ahead."]
+def test_info_says_why_a_source_tree_has_no_native_extension(tmp_path):
+  # hostcall imported from the source tree, never installed (``python -S``:
+  # no .pth file, so no editable install's redirection; jax from
+  # site-packages): info says so, names the fix and builds nothing.
+  env = {"PYTHONPATH": ":".join([str(ROOT / "src"),
+                                 *site.getsitepackages()]),
+         "HOSTCALL_NATIVE": "1"}
+  proc = _run([sys.executable, "-S", "-m", "hostcall", "info"], env,
+              cwd=tmp_path)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  src = ROOT / "src" / "hostcall"
+  why = (f"hostcall's native extension hostcall._native is not installed "
+         f"with the hostcall imported from {src}; installing hostcall "
+         "builds it (`pip install .`, or `pip install -e .` in a source "
+         "tree)")
+  assert f"\nasync taps: pure Python fallback ({why})\n" in proc.stdout
+  assert f"\nnative extension: not installed ({why})\n" in proc.stdout
+  assert list(tmp_path.iterdir()) == []

@@ -353,3 +353,94 @@ def test_jaxs_own_debug_callback_runs_twice_under_linearize_of_while():
   lin(1.0)
   jax.effects_barrier()
   assert seen == [0, 1, 2, 0, 1, 2]
+
+
+# An ordered host call in both branches of a switch, one plain and one under
+# shard_map (of one device), under grad: the known branches of the partially
+# evaluated switch returned only the ordering token, each the token of its
+# call, and XLA's verifier refused the branches' different shardings
+# (MAXIMAL on device 0, replicated under shard_map): "Inconsistent
+# conditional sharding among instructions". vjp and linearize leave the
+# same known branches.
+_ONE_DEVICE_MESH = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("d",))
+
+
+def _ordered_call(flavour, seen, site):
+  record = lambda v: seen.append((site, np.asarray(v).tolist()))
+  if flavour == "io_callback ordered":
+    def call(x):
+      hostcall.io_callback(record, None, x, ordered=True)
+      return x
+  elif flavour == "id_tap":
+    call = lambda x: hcb.id_tap(lambda v, t: record(v), x)
+  else:
+    call = lambda x: hcb.id_tap(lambda v, t: record(v), x,
+                                delivery="async")
+  return call
+
+
+def _switch_plain_or_shard_map(flavour, seen):
+  plain = _ordered_call(flavour, seen, "plain")
+  mapped = jax.shard_map(_ordered_call(flavour, seen, "shard_map"),
+                         mesh=_ONE_DEVICE_MESH,
+                         in_specs=jax.sharding.PartitionSpec(),
+                         out_specs=jax.sharding.PartitionSpec())
+  return lambda x: lax.switch(jnp.int32(jnp.sum(x)) % 2, [plain, mapped], x)
+
+
+BRANCH_DIFFS = {
+    "grad": lambda f: jax.grad(
+        lambda x: jnp.sum(3.0 * f(x)) + jnp.sum(x ** 2)),
+    "vjp": lambda f: lambda x: jax.vjp(f, x)[1](jnp.full_like(x, 3.0))[0]
+    + 2 * x,
+    "linearize": lambda f: lambda x: jax.linearize(f, x)[1](
+        jnp.full_like(x, 3.0)) + 2 * x,
+}
+
+
+@pytest.mark.parametrize("diff", list(BRANCH_DIFFS))
+@pytest.mark.parametrize("flavour", ["io_callback ordered", "id_tap",
+                                     "id_tap async"])
+def test_ordered_calls_in_plain_and_shard_map_branches_under_grad(
+    flavour, diff):
+  seen = []
+  g = jax.jit(BRANCH_DIFFS[diff](_switch_plain_or_shard_map(flavour, seen)))
+  x = jnp.arange(4.0, dtype=jnp.float32)
+  for x_in, site in ((x, "plain"), (x + 0.25, "shard_map")):
+    # sum 6 takes the plain branch, sum 7 the shard_map one
+    out = g(x_in)
+    hostcall.barrier()
+    np.testing.assert_array_equal(np.asarray(out), 3.0 + 2 * np.asarray(x_in))
+  assert seen == [("plain", [0.0, 1.0, 2.0, 3.0]),
+                  ("shard_map", [0.25, 1.25, 2.25, 3.25])]
+
+
+def test_ordered_calls_in_branches_returning_nothing_from_two_kinds():
+  # Without grad, the same composition where the branches return nothing
+  # but the token; with JAX's own ordered io_callback in the other branch
+  # (which leaves its sharding on its op, as JAX does).
+  seen = []
+  ours = _ordered_call("io_callback ordered", seen, "ours")
+
+  def jaxs(x):
+    jax.experimental.io_callback(
+        lambda v: seen.append(("jax", np.asarray(v).tolist())), None, x,
+        ordered=True)
+    return x
+  for plain, mapped in ((ours, jaxs), (jaxs, ours)):
+    mapped_ = jax.shard_map(mapped, mesh=_ONE_DEVICE_MESH,
+                            in_specs=jax.sharding.PartitionSpec(),
+                            out_specs=jax.sharding.PartitionSpec())
+
+    def f(x, plain=plain, mapped_=mapped_):
+      lax.switch(jnp.int32(jnp.sum(x)) % 2,
+                 [lambda x: [plain(x)][:0], lambda x: [mapped_(x)][:0]], x)
+      return x
+    f = jax.jit(f)
+    f(jnp.arange(4.0))
+    f(jnp.arange(4.0) + 0.25)
+  jax.effects_barrier()
+  assert seen == [("ours", [0.0, 1.0, 2.0, 3.0]),
+                  ("jax", [0.25, 1.25, 2.25, 3.25]),
+                  ("jax", [0.0, 1.0, 2.0, 3.0]),
+                  ("ours", [0.25, 1.25, 2.25, 3.25])]

@@ -1,9 +1,12 @@
-"""hostcall's native libraries (``_core/libraries.py``): one a component,
-neither calling the other, each registering its handlers for the platforms
-the emission table gives them."""
+"""hostcall's native code (``_core/libraries.py``): one extension module,
+built when the package is installed, in which each component finds its own
+functions, neither calling the other, each registering its handlers for the
+platforms the emission table gives them."""
 
+import importlib.util
 import shutil
 import subprocess
+import sysconfig
 
 import jax
 import pytest
@@ -20,48 +23,124 @@ def _loaded(library):
   return library
 
 
-def test_each_component_has_a_library_that_calls_nothing_of_the_other():
+def test_both_components_load_the_one_installed_extension():
   queue, control = _loaded(queue_native.LIBRARY), _loaded(
       control_native.LIBRARY)
-  assert queue.path() != control.path()
-  assert queue.path().name.startswith("hostcall_queue-")
-  assert control.path().name.startswith("hostcall_control-")
+  path = libraries.extension_path()
+  assert queue.path() == control.path() == path
+  # The import system's file for hostcall._native, named for this Python.
+  assert path.name == "_native" + sysconfig.get_config_var("EXT_SUFFIX")
+  assert str(path) == importlib.util.find_spec("hostcall._native").origin
+  assert path.parent.name == "hostcall"
+
+
+def test_each_component_calls_nothing_of_the_other():
+  queue, control = _loaded(queue_native.LIBRARY), _loaded(
+      control_native.LIBRARY)
   nm = shutil.which("nm")
   if nm is None:
-    pytest.skip("no nm to list the libraries' symbols")
-
-  def symbols(path, *flags):
-    out = subprocess.run([nm, "-D", *flags, str(path)], capture_output=True,
-                         text=True, check=True).stdout
-    return {line.split()[-1] for line in out.splitlines()
-            if line.split()[-1].startswith("hostcall_")}
-
-  # What each defines is its own; neither needs a hostcall_ symbol.
-  assert "hostcall_enqueue" in symbols(queue.path(), "--defined-only")
-  assert "hostcall_control_check" in symbols(control.path(),
-                                             "--defined-only")
-  assert not symbols(queue.path(), "--defined-only") & symbols(
-      control.path(), "--defined-only")
-  assert symbols(queue.path(), "--undefined-only") == set()
-  assert symbols(control.path(), "--undefined-only") == set()
+    pytest.skip("no nm to list the extension's symbols")
+  out = subprocess.run([nm, "-D", "--defined-only", str(queue.path())],
+                       capture_output=True, text=True, check=True).stdout
+  defined = {line.split()[-1] for line in out.splitlines()}
+  # Every function and handler either component looks up is there.
+  for library in (queue, control):
+    for symbol in library.signatures:
+      assert symbol in defined, symbol
+    for symbols in library.handlers.values():
+      assert set(symbols) <= defined
+  assert "PyInit__native" in defined
+  # Each names only its own: the queue's are hostcall_ and not
+  # hostcall_control_, the stop check's hostcall_control_.
+  assert all(not s.startswith("hostcall_control_") for s in queue.signatures)
+  assert all(s.startswith("hostcall_control_") for s in control.signatures)
+  undefined = subprocess.run([nm, "-D", "--undefined-only", str(queue.path())],
+                             capture_output=True, text=True,
+                             check=True).stdout
+  assert "hostcall_" not in undefined
 
 
 def test_a_library_registers_its_handlers_for_each_platform_of_the_table(
     monkeypatch):
-  # Adding a platform is a row of emission.NATIVE: the library registers
+  # Adding a platform is a row of emission.PLATFORMS: the library registers
   # the handlers the row names there, and only those.
   source = _loaded(control_native.LIBRARY)
   registered = []
   monkeypatch.setattr(jax.ffi, "register_ffi_target",
                       lambda name, capsule, platform: registered.append(
                           (name, platform)))
-  monkeypatch.setattr(emission, "NATIVE", {
-      "cpu": frozenset({"enqueue", "check"}),
-      "cuda": frozenset({"check"}),
-      "rocm": frozenset({"enqueue"}),
+  monkeypatch.setattr(emission, "PLATFORMS", {
+      "cpu": emission.Platform(frozenset({"enqueue", "check"}), True),
+      "cuda": emission.Platform(frozenset({"check"})),
+      "rocm": emission.Platform(frozenset({"enqueue"})),
   })
-  fresh = libraries.Library(source.name, source.sources, source.signatures,
-                            source.handlers, source.what, source.fallback)
+  fresh = libraries.Library(source.name, source.signatures, source.handlers,
+                            source.what, source.fallback)
   assert fresh.load() is not None
   assert sorted(registered) == [("hostcall_control_check", "cpu"),
                                 ("hostcall_control_check", "cuda")]
+
+
+def test_a_platform_is_one_row_of_the_table(monkeypatch, request):
+  # What hostcall does on a platform follows its row alone: how calls are
+  # emitted, whether hostcall.jit queues from the device, and whether its
+  # outputs route starts copies ahead.
+  import types
+  from hostcall._async import deferred
+  from hostcall._jit import jitted
+
+  def lowering_on(name):
+    module = types.SimpleNamespace(platforms=[name], axis_context=None)
+    return types.SimpleNamespace(module_context=module)
+
+  request.addfinalizer(deferred._host_buffers.cache_clear)
+  fake = emission.Platform(native=frozenset({"enqueue"}), host_buffers=False)
+  monkeypatch.setattr(emission, "PLATFORMS", {"fake": fake})
+  assert emission.route(lowering_on("fake"), "enqueue", True) == "ffi"
+  assert emission.route(lowering_on("fake"), "check", True) == "python"
+  assert emission.route(lowering_on("fake"), "call", True) == "python"
+  assert emission.route(lowering_on("cpu"), "enqueue", True) == "python"
+  assert emission.platform("cpu") == emission.Platform()
+  monkeypatch.setattr(jax, "default_backend", lambda: "fake")
+  monkeypatch.setattr(jitted, "_QUEUED", None)
+  deferred._host_buffers.cache_clear()
+  assert jitted._one_device_with_the_native_queue() is (
+      queue_native.load() is not None)
+  assert deferred._host_buffers() is False
+  monkeypatch.setattr(emission, "PLATFORMS", {"fake": emission.Platform(
+      host_buffers=True)})
+  monkeypatch.setattr(jitted, "_QUEUED", None)
+  deferred._host_buffers.cache_clear()
+  assert jitted._one_device_with_the_native_queue() is False
+  assert deferred._host_buffers() is True
+
+
+def test_a_missing_extension_falls_back_and_names_the_fix(monkeypatch):
+  monkeypatch.setattr(libraries, "EXTENSION", "hostcall._not_installed")
+  monkeypatch.delenv("HOSTCALL_NATIVE", raising=False)
+  source = queue_native.LIBRARY
+  fresh = libraries.Library(source.name, source.signatures, source.handlers,
+                            source.what, source.fallback)
+  assert not fresh.installed() and fresh.path() is None
+  with pytest.warns(libraries.HostcallNativeWarning) as caught:
+    assert fresh.load() is None
+  (warning,) = caught
+  message = str(warning.message)
+  assert message.startswith("hostcall: the native tap queue is not "
+                            "available (hostcall's native extension "
+                            "hostcall._not_installed is not installed")
+  assert "`pip install .`, or `pip install -e .` in a source tree" in message
+  assert fresh.status().startswith("pure Python fallback (hostcall's native")
+  assert fresh.load() is None   # said once
+
+
+def test_hostcall_native_0_loads_nothing_and_says_nothing(monkeypatch,
+                                                          recwarn):
+  monkeypatch.setenv("HOSTCALL_NATIVE", "0")
+  source = control_native.LIBRARY
+  fresh = libraries.Library(source.name, source.signatures, source.handlers,
+                            source.what, source.fallback)
+  assert fresh.load() is None and fresh.loaded() is None
+  assert fresh.error == "disabled by HOSTCALL_NATIVE=0"
+  assert not [w for w in recwarn
+              if issubclass(w.category, libraries.HostcallNativeWarning)]

@@ -7,6 +7,7 @@ queue)."""
 
 import os
 import pathlib
+import site
 import subprocess
 import sys
 import textwrap
@@ -17,7 +18,6 @@ import pytest
 from hostcall._apps.control import native, states
 from hostcall._apps.control.spec import (FAILED, STOP_WHEN, TIME_LIMIT,
                                          Stop)
-from hostcall._core import libraries
 
 ROOT = pathlib.Path(__file__).parent.parent
 
@@ -106,13 +106,21 @@ def test_a_closed_handle_is_forgotten(stop_states):
   assert isinstance(stop_states.interrupts(), int)
 
 
-def _run(code: str, env: dict, timeout: float = 300
+def _run(code: str, env: dict, timeout: float = 300, flags=()
          ) -> subprocess.CompletedProcess:
   proc = subprocess.run(
-      [sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+      [sys.executable, *flags, "-c", textwrap.dedent(code)],
+      capture_output=True,
       text=True, cwd=ROOT, timeout=timeout, env={**os.environ, **env})
   assert proc.returncode == 0, proc.stderr[-3000:]
   return proc
+
+
+# hostcall from the source tree, never installed (with ``python -S``: no
+# site-packages .pth file, so no editable install's redirection), the
+# installed packages (jax) from site-packages.
+_SOURCE_TREE = {"PYTHONPATH": os.pathsep.join(
+    [str(ROOT / "src"), *site.getsitepackages()])}
 
 
 _CHOSEN = """
@@ -135,8 +143,7 @@ _CHOSEN = """
 
 
 def test_the_stop_check_is_native_wherever_its_library_can_be_had():
-  can_have = (libraries.compiler() is not None
-              or native.LIBRARY.path().exists())
+  can_have = native.LIBRARY.installed()
   out = _run(_CHOSEN, {"HOSTCALL_NATIVE": "1"}).stdout.splitlines()
   # Native: the compiled check calls the library (an FFI custom call).
   assert out[0] == f"{can_have} {can_have} time_limit"
@@ -147,15 +154,19 @@ def test_hostcall_native_0_chooses_the_python_stop_check_without_a_word():
   assert out == ["False False time_limit"]
 
 
-def test_a_stop_check_library_that_cannot_be_built_falls_back_and_says_so(
-    tmp_path):
-  out = _run(_CHOSEN, {"HOSTCALL_NATIVE": "1", "CXX": "/nonexistent",
-                       "HOSTCALL_CACHE": str(tmp_path / "cache")}).stdout
+def test_a_stop_check_without_the_extension_falls_back_and_says_so():
+  # hostcall imported from a source tree that was never installed: no
+  # extension, the Python checks, and one warning naming the fix.
+  out = _run(_CHOSEN, {"HOSTCALL_NATIVE": "1", **_SOURCE_TREE},
+             flags=("-S",)).stdout
   first, *warned = out.splitlines()
   assert first == "False False time_limit"
   said = [line for line in warned if "stop check" in line]
-  assert len(said) == 1 and said[0].startswith("HostcallNativeWarning")
-  assert "$CXX is '/nonexistent'" in said[0]
+  assert len(said) == 1 and said[0].startswith(
+      "HostcallNativeWarning hostcall: the native stop check is not "
+      "available (hostcall's native extension hostcall._native is not "
+      f"installed with the hostcall imported from {ROOT / 'src' / 'hostcall'}")
+  assert "`pip install .`, or `pip install -e .` in a source tree" in said[0]
 
 
 _PREDICATE = """
@@ -185,8 +196,8 @@ _PREDICATE = """
 @pytest.mark.parametrize("stop_check, queue", [
     ("native", "python"), ("python", "native")])
 def test_the_stop_check_and_the_queue_are_chosen_apart(stop_check, queue):
-  if libraries.compiler() is None:
-    pytest.skip("no C++ compiler: neither library can be had")
+  if not native.LIBRARY.installed():
+    pytest.skip("hostcall's native extension is not installed")
   code = _PREDICATE.format(python_states=stop_check == "python",
                            python_queue=queue == "python")
   proc = _run(code, {"HOSTCALL_NATIVE": "1"}, timeout=150)

@@ -75,3 +75,35 @@ def test_pmap_with_reordered_devices_tells_each_call_its_batch_index():
   # Element i of the batch ran on devices[i], which says it holds index i.
   assert sorted(seen, key=lambda s: s[1]) == [
       (devices[i].id, i, 10.0 * i) for i in range(4)]
+
+
+@pytest.mark.parametrize("flavour", ["io_callback", "id_tap"])
+def test_ordered_calls_from_different_devices_in_branches_returning_a_token(
+    flavour):
+  # Each branch of the switch returns only the ordering token of its call,
+  # made by a different device: the tokens' shardings (MAXIMAL on device 0,
+  # on device 3) made XLA's verifier refuse the conditional ("Inconsistent
+  # conditional sharding among instructions"). Under grad, partial
+  # evaluation leaves such branches too.
+  from hostcall import host_callback as hcb
+  mesh = _mesh()
+  seen = []
+
+  def call(x, device):
+    record = lambda v: seen.append((device, np.asarray(v).tolist()))
+    if flavour == "io_callback":
+      hostcall.io_callback(
+          record, None, x, ordered=True,
+          sharding=jax.sharding.SingleDeviceSharding(jax.devices()[device]))
+      return x
+    return hcb.id_tap(lambda v, t: record(v), x, device_index=device)
+
+  def f(x):
+    return jax.lax.switch(jnp.int32(jnp.sum(x)) % 2,
+                          [lambda x: call(x, 0), lambda x: call(x, 3)], x)
+  g = jax.jit(jax.grad(lambda x: jnp.sum(3.0 * f(x)) + jnp.sum(x ** 2)))
+  for x in (jnp.arange(4.0), jnp.arange(4.0) + 0.25):
+    out = g(jax.device_put(x, NamedSharding(mesh, P("x"))))
+    hostcall.barrier()
+    np.testing.assert_array_equal(np.asarray(out), 3.0 + 2 * np.asarray(x))
+  assert seen == [(0, [0.0, 1.0, 2.0, 3.0]), (3, [0.25, 1.25, 2.25, 3.25])]

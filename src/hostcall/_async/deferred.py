@@ -32,7 +32,7 @@ import jax
 import numpy as np
 
 from hostcall import _jax_private
-from hostcall._core import calls, errors
+from hostcall._core import calls, emission, errors
 from hostcall._core.context import why_waiting_is_forbidden
 
 logger = logging.getLogger("hostcall")
@@ -217,7 +217,7 @@ def _fetch(batches: list) -> list:
   # The runtime hands a callback its operands whatever the caller's
   # transfer guard says; so does this thread.
   with jax.transfer_guard_device_to_host("allow"):
-    if _accelerated():
+    if not _host_buffers():
       for packs in batches:
         try:
           for p in packs:
@@ -234,10 +234,10 @@ def _fetch(batches: list) -> list:
 
 
 @functools.cache
-def _accelerated() -> bool:
-  """Whether the default devices are not the host's (on a CPU a fetch is a
-  view: nothing to start ahead)."""
-  return jax.default_backend() != "cpu"
+def _host_buffers() -> bool:
+  """Whether the default devices' buffers are host memory (a fetch is then
+  a view: nothing to start ahead); the platform's row says."""
+  return emission.platform(jax.default_backend()).host_buffers
 
 
 @functools.cache

@@ -1,26 +1,22 @@
 """The asynchronous queue's native library: ``hostcall_queue.cc`` (the
-``hostcall_enqueue`` FFI handlers and the C functions the consumer calls),
-built and loaded by ``_core/libraries.py`` on first use. The metrics
-writers' number formatting (``_apps/metrics/hostcall_texts.cc``) is built
-into it: one build, one library to load."""
+``hostcall_enqueue`` FFI handlers and the C functions the consumer calls)
+and the metrics writers' number formatting
+(``_apps/metrics/hostcall_texts.cc``), compiled into hostcall's native
+extension when the package is installed and loaded from it by
+``_core/libraries.py`` on first use."""
 
 from __future__ import annotations
 
 import ctypes
-import pathlib
 
 from hostcall._core import libraries
 
 _vp, _i64 = ctypes.c_void_p, ctypes.c_int64
 _p64 = ctypes.POINTER(ctypes.c_int64)
 
-_TEXTS = (pathlib.Path(__file__).parent.parent / "_apps" / "metrics"
-          / "hostcall_texts.cc")
-
 #: The queue's library.
 LIBRARY = libraries.Library(
-    "hostcall_queue", [pathlib.Path(__file__).with_name("hostcall_queue.cc"),
-                       _TEXTS],
+    "hostcall_queue",
     signatures={
         "hostcall_pop": ([_i64, _i64, _i64, ctypes.POINTER(_vp)], _i64),
         "hostcall_hurry": ([_i64], None),
@@ -62,5 +58,5 @@ def status() -> str:
 
 
 def loaded():
-  """The library if it is loaded already, else None (never builds)."""
+  """The library if it is loaded already, else None (never loads)."""
   return LIBRARY.loaded()

@@ -54,8 +54,7 @@ def lower(ctx, *args, target, transforms, kind, result_avals, ordering,
     operand_avals.append(_jax_private.ShapedArray((), np.uint32))
   else:
     contexts = make_context(transforms, devices)
-  op_sharding = _jax_private.callback_op_sharding(axis_context, chosen,
-                                                  result_avals)
+  op_sharding = emission.op_sharding(axis_context, chosen, result_avals)
   effect = effect_of(ordering)
   token = ctx.tokens_in.get(effect) if ordering in ORDERED else None
   if delivery == "async":
@@ -68,6 +67,8 @@ def lower(ctx, *args, target, transforms, kind, result_avals, ordering,
                                has_side_effect=effect is not None,
                                after=AFTER in transforms)
   if ordering in ORDERED:
+    if op_sharding is not None:
+      token = emission.detached_token(token)
     ctx.set_tokens_out(ctx.tokens_in.update_tokens(
         _jax_private.TokenSet({effect: token})))
   if chosen is not None:

@@ -30,6 +30,7 @@ import jax
 from hostcall import _jax_private
 from hostcall._async import native, queue
 from hostcall._async.deferred import deferred
+from hostcall._core import emission
 from hostcall._core.checks import check_callable
 from hostcall._jit import deferring, jax_callbacks
 from hostcall._jit import plan as replay_plan
@@ -56,28 +57,30 @@ class _DeferredOutputs:
     return cls(packs, plan)
 
 
-#: Whether this process is one CPU device with the native tap queue,
-#: found once (None until then): read by every call of ``hostcall.jit``.
-_ONE_CPU: bool | None = None
+#: Whether this process is one device of a platform whose row serves the
+#: native queue, with the extension loaded, found once (None until then):
+#: read by every call of ``hostcall.jit``.
+_QUEUED: bool | None = None
 _dispatching_at_top_level = _jax_private.dispatching_at_top_level
 
 
-def _one_cpu_with_the_native_queue() -> bool:
-  global _ONE_CPU
-  if _ONE_CPU is None:
-    _ONE_CPU = (jax.default_backend() == "cpu" and jax.device_count() == 1
-                and native.load() is not None)
-  return _ONE_CPU
+def _one_device_with_the_native_queue() -> bool:
+  global _QUEUED
+  if _QUEUED is None:
+    _QUEUED = (emission.serves(jax.default_backend(), "enqueue")
+               and jax.device_count() == 1 and native.load() is not None)
+  return _QUEUED
 
 
 def _queues_on_this_device() -> bool:
-  """Whether programs are compiled for the one device of a CPU-only
-  process with the native tap queue: their deferrable calls are then
-  queued from the program itself without a JAX effect
-  (``hostcall._jit.threaded``); elsewhere (an accelerator, several
-  devices) they become outputs."""
-  return mode == "auto" and (_ONE_CPU if _ONE_CPU is not None
-                             else _one_cpu_with_the_native_queue())
+  """Whether programs are compiled for the one device of a process whose
+  platform serves the native queue (its row of ``emission.PLATFORMS``;
+  today a CPU): their deferrable calls are then queued from the program
+  itself without a JAX effect (``hostcall._jit.threaded``); elsewhere
+  (several devices, a platform without the handlers) they become
+  outputs."""
+  return mode == "auto" and (_QUEUED if _QUEUED is not None
+                             else _one_device_with_the_native_queue())
 
 
 #: ``"auto"`` (queued where ``_queues_on_this_device`` says so) or

@@ -28,16 +28,11 @@ def _supported_jax() -> str:
 
 
 def add_arguments(parser) -> None:
-  parser.add_argument(
-      "--build", action="store_true",
-      help="build the native libraries now (once per jaxlib, about 10 s "
-           "each; else the first asynchronous tap or steered loop builds "
-           "its own) and say where")
+  """No options: the native extension is built when hostcall is installed
+  (there is nothing left to build ahead)."""
 
 
 def run(args) -> int:
-  if getattr(args, "build", False):
-    return _build_ahead()
   import jax
   import jaxlib
   import numpy
@@ -58,8 +53,10 @@ def run(args) -> int:
         "(ordered by JAX effect tokens)")
   print(f"async taps: {native.status()}")
   print(f"steered loops' checks: {control_native.LIBRARY.status()}")
-  print(f"native cache: {libraries.cache_dir()} (HOSTCALL_CACHE), compiler: "
-        f"{libraries.compiler() or 'none found (set CXX)'}")
+  extension = libraries.extension_path()
+  print("native extension: " + (
+      f"{extension} (built when hostcall was installed)" if extension
+      else f"not installed ({libraries.missing()})"))
   print(f"queue capacity: {hostcall.queue_stats()['capacity']} bytes")
   print(f"default delivery: {delivery.current()}")
   widgets = _version("ipywidgets")
@@ -87,21 +84,3 @@ def _writer(entry) -> str:
     return f"{entry.name} (not installed: {entry.hint()})"
   versions = ", ".join(f"{d} {_version(d)}" for d in entry.requires)
   return f"{entry.name} ({versions})"
-
-
-def _build_ahead() -> int:
-  import os
-
-  from hostcall._apps.control import native as control_native
-  from hostcall._async import native
-  from hostcall._core import libraries
-  ok = True
-  for library in (native.LIBRARY, control_native.LIBRARY):
-    if not library.built() and os.environ.get("HOSTCALL_NATIVE", "1") != "0":
-      print(f"native {library.what}: building, once for this jaxlib (about "
-            f"{libraries.BUILD_SECONDS} s), into {libraries.cache_dir()} ...",
-            flush=True)
-    built, line = library.build()
-    print(f"native {library.what}: {line}")
-    ok = ok and built
-  return 0 if ok else 1

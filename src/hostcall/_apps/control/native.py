@@ -1,12 +1,12 @@
 """The stop check's native library: ``hostcall_control.cc`` (the
 ``hostcall_control_check`` FFI handler, each invocation's stop state,
-Ctrl-C), built and loaded by ``_core/libraries.py`` on first use. It shares
-nothing with the asynchronous queue's library."""
+Ctrl-C), compiled into hostcall's native extension when the package is
+installed and loaded from it by ``_core/libraries.py`` on first use. It
+calls nothing of the asynchronous queue's part of the extension."""
 
 from __future__ import annotations
 
 import ctypes
-import pathlib
 
 from hostcall._core import libraries
 
@@ -15,7 +15,6 @@ _i64 = ctypes.c_int64
 #: The stop check's library.
 LIBRARY = libraries.Library(
     "hostcall_control",
-    [pathlib.Path(__file__).with_name("hostcall_control.cc")],
     signatures={
         "hostcall_control_open": ([_i64, _i64, _i64, _i64, _i64], None),
         "hostcall_control_evaluated": ([_i64], None),

@@ -1,7 +1,7 @@
 """Columns of numbers as text for the metrics writers: NumPy's ``str()`` of
-each value (``block.column_texts``' words), formatted by the native library
-(``hostcall_texts.cc``, built into the tap queue's) when it is loaded, else
-by NumPy."""
+each value (``block.column_texts``' words), formatted by the native extension
+(``hostcall_texts.cc``, built into it with the tap queue) when it is
+loaded, else by NumPy."""
 
 from __future__ import annotations
 
@@ -21,13 +21,13 @@ _tried_loading = False
 
 
 def _library():
-  """The native library: loaded already, or built already and loaded now
-  (a metrics writer never waits for a build of its own)."""
+  """The native library: loaded already, or loaded now where the
+  extension is installed (tried once)."""
   global _tried_loading
   lib = native.loaded()
   if lib is None and not _tried_loading:
     _tried_loading = True
-    if native.LIBRARY.built():
+    if native.LIBRARY.installed():
       lib = native.load()
   return lib
 
