@@ -4,8 +4,8 @@ import jax
 import numpy as np
 import pytest
 
-from hostcall._core import errors
-from hostcall._core.barriers import settle
+from hostcall._runtime import errors
+from hostcall._runtime.barriers import settle
 
 
 @pytest.fixture(autouse=True)

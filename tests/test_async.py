@@ -14,7 +14,7 @@ from jax import lax
 
 import hostcall
 from hostcall import host_callback as hcb
-from hostcall._async import queue as asynchronous
+from hostcall._runtime import queue as asynchronous
 
 BATCH0 = ("batch", {"batch_dims": (0,)})
 
@@ -33,7 +33,7 @@ def test_the_native_queue_is_used_wherever_it_can_be_had():
   # Wherever hostcall is installed (which builds its native extension), the
   # native queue; else the Python one (tested on its own with
   # HOSTCALL_NATIVE=0).
-  from hostcall._async import native
+  from hostcall._runtime import native
   can_have = (os.environ.get("HOSTCALL_NATIVE", "1") != "0"
               and native.LIBRARY.installed())
   assert hostcall.queue_stats()["native"] is can_have

@@ -21,9 +21,8 @@ import pytest
 from jax import lax
 
 import hostcall
-from hostcall import host_callback as hcb
-from hostcall import metrics
-from hostcall._async import queues
+from hostcall import host_callback as hcb, metrics
+from hostcall._runtime import queues
 
 ROOT = pathlib.Path(__file__).parent.parent
 
@@ -104,7 +103,7 @@ def test_every_dtype_is_logged_and_read_back(tmp_path):
 
 
 def test_a_failing_delivery_never_kills_the_consumer(monkeypatch):
-  from hostcall._async import queue as asynchronous
+  from hostcall._runtime import queue as asynchronous
   got = []
   f = jax.jit(lambda x: hcb.id_tap(lambda a, t: got.append(int(a)), x,
                                    delivery="async"))
@@ -180,7 +179,7 @@ def test_odd_exceptions_never_crash_the_process(flavour):
           with hostcall.original_errors():
             f(1.0)
         except (ValueError, BadStr) as exc:
-          text = hostcall._core.errors.safe_str(exc)
+          text = hostcall._runtime.errors.safe_str(exc)
           print(name, "->", type(exc).__name__, repr(text))
         else:
           raise AssertionError(name + ": no error")
@@ -711,7 +710,7 @@ def _native_probe(extension, home):
   ``extension`` (a stand-in for a damaged install), and what was said."""
   proc = _python(f"""
       import warnings, hostcall
-      from hostcall._core import libraries
+      from hostcall._runtime import libraries
       libraries.extension_path = lambda: __import__("pathlib").Path(
           {str(extension)!r})
       with warnings.catch_warnings(record=True) as caught:
@@ -742,7 +741,7 @@ def test_an_extension_that_does_not_load_falls_back_and_says_so(tmp_path,
   # file, as a full disk leaves, or a library without hostcall's functions,
   # as an older build would lack a new one) means the Python queue and a
   # warning that names the file and the fix, once.
-  from hostcall._core import libraries
+  from hostcall._runtime import libraries
   installed = libraries.extension_path()
   if installed is None:
     pytest.skip("hostcall's native extension is not installed")

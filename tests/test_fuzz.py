@@ -15,8 +15,7 @@ import pytest
 from hypothesis import strategies as st
 
 import hostcall
-from hostcall import host_callback as hcb
-from hostcall import metrics
+from hostcall import host_callback as hcb, metrics
 
 DTYPES = ["bool", "int2", "uint2", "int4", "uint4", "int8", "uint8", "int16",
           "uint16", "int32", "uint32", "float4_e2m1fn", "float8_e4m3fn",

@@ -13,8 +13,7 @@ from jax import lax
 
 import hostcall
 from hostcall import host_callback as hcb
-from hostcall._async import queue as asynchronous
-from hostcall._async import queues
+from hostcall._runtime import queue as asynchronous, queues
 from tests.test_async import _wait_for
 
 native_only = pytest.mark.skipif(

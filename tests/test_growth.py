@@ -91,7 +91,7 @@ def test_an_asynchronous_call_site_is_released_with_its_executable(native):
   # so that the others are still queued then: they must be delivered, and
   # only then released.
   out = _child("""
-      from hostcall._async import call_sites
+      from hostcall._runtime import call_sites
       sites_before = len(call_sites.sites)
       release, got, refs = threading.Event(), [], []
 
@@ -149,7 +149,7 @@ def test_a_call_site_released_while_its_program_runs_delivers_every_tap(jit):
   # The call returns at once (asynchronous dispatch); the function, its
   # executable and the site's owner go while the program still runs: its
   # taps, queued after that, are still delivered, and the site released.
-  from hostcall._async import call_sites
+  from hostcall._runtime import call_sites
   got, ref = [], None
 
   def start(x):
@@ -377,7 +377,7 @@ def test_100000_hostcall_jit_calls_leave_memory_flat(tmp_path, monkeypatch):
 def test_a_barrier_interrupted_before_settling_leaves_released_sites_to_the_next(
     monkeypatch):
   from hostcall import _jax_private
-  from hostcall._async import call_sites
+  from hostcall._runtime import call_sites
   got = []
   f = jax.jit(lambda x: hcb.id_tap(lambda a, t: got.append(int(a)), x,
                                    delivery="async"))

@@ -12,9 +12,8 @@ from jax import lax
 
 import hostcall
 from hostcall import host_callback as hcb
-from hostcall._async import queues
-from hostcall._jit import deferring
-from hostcall._jit import jitted as jit_module
+from hostcall._runtime import queues
+from hostcall._jit import deferring, jitted as jit_module
 
 #: The thread that delivers a program's calls: queued from the device (one
 #: CPU device with the native queue), or deferred to the program's outputs.
@@ -484,7 +483,7 @@ def test_exit_without_a_barrier_delivers_every_call(tmp_path):
 def test_slow_host_functions_bound_what_waits_and_lose_nothing(mode):
   if mode == "queued":
     pytest.skip("outputs' own bound; the queue's: tests/test_async.py")
-  from hostcall._async.deferred import deferred
+  from hostcall._runtime.deferred import deferred
   seen = []
   before = deferred.capacity
   deferred.capacity = 64 * 1024  # a few hundred calls' values
@@ -708,7 +707,7 @@ def test_a_host_function_of_another_program_never_waits_for_room(mode):
   # The deferred thread holds a full buffer until the main thread's
   # jax.jit program returns; that program's host function calls a
   # hostcall.jit program: waiting for room there would wait for itself.
-  from hostcall._async.deferred import deferred
+  from hostcall._runtime.deferred import deferred
   seen, released = [], threading.Event()
   before = deferred.capacity
   deferred.capacity = 64 * 1024
@@ -788,7 +787,7 @@ def test_queued_calls_of_every_dtype_through_either_emitter(mode, route,
   # operands of whole bytes travel packed into one buffer.
   if mode != "queued":
     pytest.skip("queued calls only")
-  from hostcall._core import emission
+  from hostcall._runtime import emission
   if route == "python":
     monkeypatch.setattr(emission, "route", lambda *args: "python")
   program, args = PROGRAMS["dtypes"]
@@ -899,7 +898,7 @@ def test_a_queued_call_python_cannot_read_loses_only_itself(mode,
   def _raise(exc):
     raise exc
 
-  from hostcall._async import queue as queue_module
+  from hostcall._runtime import queue as queue_module
   gather = queue_module.consumer.gather
   hostcall.set_gather_window(1.0)  # the three calls in one batch
   try:

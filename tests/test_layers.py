@@ -16,7 +16,7 @@ ARCHITECTURE = pathlib.Path(__file__).parent.parent / "docs" / "architecture.md"
 # and from the layers below it.
 LAYERS = [
     ["hostcall._jax_private"],
-    ["hostcall._core", "hostcall._async"],
+    ["hostcall._core", "hostcall._runtime"],
     ["hostcall._derivatives"],
     ["hostcall._flavours"],
     ["hostcall._jit"],
@@ -138,15 +138,15 @@ def test_the_checks_catch_what_they_look_for(graph, monkeypatch):
   # The checks themselves fail on a graph that breaks the rules.
   fake = dict(_edges())
   if graph == "up":
-    fake["hostcall._core.calls"] = fake["hostcall._core.calls"] | {
+    fake["hostcall._runtime.calls"] = fake["hostcall._runtime.calls"] | {
         "hostcall._apps.control"}
     monkeypatch.setattr(sys.modules[__name__], "_edges", lambda: fake)
     with pytest.raises(AssertionError, match="imports hostcall._apps"):
       test_no_import_runs_up_the_layer_order()
   else:
     fake["hostcall._core.targets"] = fake["hostcall._core.targets"] | {
-        "hostcall._core.calls"}
-    fake["hostcall._core.calls"] = fake["hostcall._core.calls"] | {
+        "hostcall._runtime.calls"}
+    fake["hostcall._runtime.calls"] = fake["hostcall._runtime.calls"] | {
         "hostcall._core.targets"}
     monkeypatch.setattr(sys.modules[__name__], "_edges", lambda: fake)
     with pytest.raises(AssertionError, match="->"):

@@ -1,4 +1,4 @@
-"""hostcall's native code (``_core/libraries.py``): one extension module,
+"""hostcall's native code (``_runtime/libraries.py``): one extension module,
 built when the package is installed, in which each component finds its own
 functions, neither calling the other, each registering its handlers for the
 platforms the emission table gives them."""
@@ -12,8 +12,7 @@ import jax
 import pytest
 
 from hostcall._apps.control import native as control_native
-from hostcall._async import native as queue_native
-from hostcall._core import emission, libraries
+from hostcall._runtime import emission, libraries, native as queue_native
 
 
 def _loaded(library):
@@ -86,7 +85,7 @@ def test_a_platform_is_one_row_of_the_table(monkeypatch, request):
   # emitted, whether hostcall.jit queues from the device, and whether its
   # outputs route starts copies ahead.
   import types
-  from hostcall._async import deferred
+  from hostcall._runtime import deferred
   from hostcall._jit import jitted
 
   def lowering_on(name):

@@ -11,8 +11,7 @@ import numpy as np
 import pytest
 
 import hostcall
-from hostcall import host_callback as hcb
-from hostcall import metrics
+from hostcall import host_callback as hcb, metrics
 from hostcall._apps.metrics import writer_thread
 
 

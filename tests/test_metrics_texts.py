@@ -12,7 +12,7 @@ import pytest
 
 from hostcall import metrics
 from hostcall._apps.metrics import texts
-from hostcall._async import native
+from hostcall._runtime import native
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ import zipfile
 
 import pytest
 
-from hostcall._core import libraries
+from hostcall._runtime import libraries
 
 ROOT = pathlib.Path(__file__).parent.parent
 EXT_SUFFIX = sysconfig.get_config_var("EXT_SUFFIX")
@@ -28,7 +28,7 @@ _TAP = """
     import jax, jax.numpy as jnp, hostcall
     from hostcall import host_callback as hcb
     from hostcall._apps.control import controls
-    from hostcall._async import native
+    from hostcall._runtime import native
     seen = []
     jax.jit(lambda x: hcb.id_tap(lambda v, t: seen.append(float(v)), x * 2,
                                  delivery="async"))(jnp.float32(1.5))

@@ -10,8 +10,7 @@ import pytest
 
 import hostcall
 from hostcall import progress
-from hostcall._apps import bar_options
-from hostcall._apps import bars as bars_module
+from hostcall._apps import bar_options, bars as bars_module
 
 
 def _renders(stream: io.StringIO, desc: str) -> list[str]:

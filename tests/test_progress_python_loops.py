@@ -12,8 +12,7 @@ import tqdm as tqdm_module
 
 import hostcall
 from hostcall import progress
-from hostcall._apps import bars as bars_module
-from hostcall._apps import tqdm_guard
+from hostcall._apps import bars as bars_module, tqdm_guard
 
 
 def _screen(text: str) -> list[str]:

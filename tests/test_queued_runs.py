@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 
 import hostcall
-from hostcall._async import call_sites, queue, queues
-from hostcall._core import emission
+from hostcall._runtime import call_sites, emission, queue, queues
 from hostcall._jit import jitted as jit_module
 
 

@@ -16,8 +16,8 @@ import pytest
 
 import hostcall
 from hostcall import host_callback as hcb
-from hostcall._apps.control import controls, host as control_host
-from hostcall._apps.control import states as control_states
+from hostcall._apps.control import (controls, host as control_host,
+                                    states as control_states)
 
 ROOT = pathlib.Path(__file__).parent.parent
 

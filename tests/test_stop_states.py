@@ -16,8 +16,7 @@ import threading
 import pytest
 
 from hostcall._apps.control import native, states
-from hostcall._apps.control.spec import (FAILED, STOP_WHEN, TIME_LIMIT,
-                                         Stop)
+from hostcall._apps.control.spec import FAILED, STOP_WHEN, TIME_LIMIT, Stop
 
 ROOT = pathlib.Path(__file__).parent.parent
 
@@ -172,7 +171,7 @@ def test_a_stop_check_without_the_extension_falls_back_and_says_so():
 _PREDICATE = """
     import jax, jax.numpy as jnp, hostcall
     from hostcall._apps.control import controls, native as control_native
-    from hostcall._async import native as queue_native, queue
+    from hostcall._runtime import native as queue_native, queue
     if {python_states}:
       control_native.LIBRARY.load = lambda: None
     if {python_queue}:

@@ -35,19 +35,19 @@ Public API:
   ``hostcall.fd_step``.
 """
 
-from hostcall import (_jax_private, _notebook, control, host_callback,
-                      metrics, progress)
+from hostcall import (_jax_private, _notebook, control, host_callback, metrics,
+                      progress)
 from hostcall._apps.scan import scan
 import atexit as _atexit
 
-from hostcall._async import queue as _queue
-from hostcall._async.delivery import delivery, set_delivery
-from hostcall._async.queue import (queue_stats, set_gather_window,
-                                   set_queue_capacity)
-from hostcall._core import (CallbackException, CallContext, barrier,
-                            call_context)
-from hostcall._core.errors import (HostFunctionError, original_error,
-                                   original_errors)
+from hostcall._runtime import queue as _queue
+from hostcall._core.delivery import delivery, set_delivery
+from hostcall._runtime.queue import (queue_stats, set_gather_window,
+                                     set_queue_capacity)
+from hostcall._core import CallContext, call_context
+from hostcall._runtime import CallbackException, barrier
+from hostcall._runtime.errors import (HostFunctionError, original_error,
+                                      original_errors)
 from hostcall._derivatives.rules import HostFunction, fd_step
 from hostcall._flavours.debug import debug_callback, debug_print
 from hostcall._flavours.grad import grad_callback, grad_print

@@ -1,6 +1,6 @@
 // hostcall's native extension, hostcall._native: one shared library built
 // when the package is installed (CMakeLists.txt), holding the tap queue
-// (_async/hostcall_queue.cc), the metrics writers' number formatting
+// (_runtime/hostcall_queue.cc), the metrics writers' number formatting
 // (_apps/metrics/hostcall_texts.cc) and the steered loops' stop check
 // (_apps/control/hostcall_control.cc).
 //

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from hostcall._core.barriers import settle
+from hostcall._runtime.barriers import settle
 
 logger = logging.getLogger("hostcall")
 

@@ -41,13 +41,12 @@ from typing import Any, Callable
 import jax
 
 from hostcall import _printing
-from hostcall._core import (CallbackException, CallTarget, PostponingTarget,
-                            barrier, bind, target)
+from hostcall._core import CallTarget, PostponingTarget, bind, results, target
+from hostcall._core.checks import (check_arguments, check_callable,
+                                   check_operands)
 from hostcall._core.context import CallContext
 from hostcall._core.targets import key_of
-from hostcall._core import results
-from hostcall._core.checks import (check_arguments, check_callable,
-                                       check_operands)
+from hostcall._runtime import CallbackException, barrier
 
 __all__ = [
     "CallbackException",

@@ -11,8 +11,8 @@ import sys
 import jax
 
 import hostcall
-from hostcall._async import queue
-from hostcall._async.deferred import deferred
+from hostcall._runtime import queue
+from hostcall._runtime.deferred import deferred
 from hostcall._core.context import why_waiting_is_forbidden
 from hostcall._jit import jitted as jit_module
 

@@ -26,10 +26,9 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import hostcall
-from hostcall import host_callback as hcb
-from hostcall import metrics, progress
+from hostcall import host_callback as hcb, metrics, progress
 from hostcall._apps import bars as bars_module
-from hostcall._async.queues import ZERO_COPY_BYTES
+from hostcall._runtime.queues import ZERO_COPY_BYTES
 
 assert jax.device_count() == 4, "run with --xla_force_host_platform_device_count=4"
 

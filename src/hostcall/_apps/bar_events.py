@@ -19,8 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hostcall import _jax_private
-from hostcall._apps import bars as _bars
-from hostcall._apps import control as _control
+from hostcall._apps import bars as _bars, control as _control
 from hostcall._core import CallTarget, PostponingTarget, bind, target
 from hostcall._core.context import delivering_asynchronously
 

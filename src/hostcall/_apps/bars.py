@@ -24,9 +24,9 @@ from typing import Any
 import numpy as np
 
 from hostcall._apps import tqdm_guard
-from hostcall._async import queue as _queue
-from hostcall._core.barriers import add_barrier_hook, barrier_started
-from hostcall._core.calls import add_abort_hook
+from hostcall._runtime import queue as _queue
+from hostcall._runtime.barriers import add_barrier_hook, barrier_started
+from hostcall._runtime.calls import add_abort_hook
 
 #: Seconds between two ticks that a while_loop's pace aims for (the bar
 #: redraws at most this often anyway).

@@ -24,11 +24,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from hostcall._apps import bar_events as _events
-from hostcall._apps import bar_options as _bar_options
-from hostcall._apps import bars as _bars
-from hostcall._apps import control as _control
-from hostcall._apps import scan as _scan
+from hostcall._apps import (bar_events as _events, bar_options as _bar_options,
+                            bars as _bars, control as _control, scan as _scan)
 from hostcall._core import bind
 from hostcall._core.checks import check_callable
 

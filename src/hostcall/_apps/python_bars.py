@@ -24,7 +24,7 @@ import numpy as np
 
 from hostcall import _jax_private
 from hostcall._apps import tqdm_guard
-from hostcall._core.barriers import settle
+from hostcall._runtime.barriers import settle
 from hostcall._core.context import why_waiting_is_forbidden
 
 logger = logging.getLogger("hostcall")

@@ -27,10 +27,9 @@ import numpy as np
 from jax import lax
 
 from hostcall import _jax_private
-from hostcall._core import calls
+from hostcall._runtime import calls
 from hostcall._core.collecting import collecting
-from hostcall._core.context import (CallContext, make_context,
-                                    swap_call_context)
+from hostcall._core.context import CallContext, make_context, swap_call_context
 from hostcall._core.primitive import bind
 from hostcall._core.targets import PostponingTarget, Steps, target
 from hostcall._core.checks import check_callable

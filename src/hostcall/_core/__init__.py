@@ -1,23 +1,22 @@
-"""The one mechanism every hostcall flavour sits on.
+"""The one mechanism every hostcall flavour sits on, at trace time.
 
 ``primitive``: ``hostcall_p`` and its transformation rules; ``effects``:
-what a call's ordering means to JAX; ``emission``: how each call is emitted
-(a table); ``lowering``: where the host function is called from the
-compiled program; ``targets``: the host side of a call site; ``context``:
-what the host function may learn about its call; ``calls``: the one run
-path and failure policy; ``errors``: failures rendered safely, postponed or
-carried into the runtime; ``barriers``: waiting for everything sent to the
-host; ``checks``, ``results``: what is checked when traced and when results
-come back; ``lifting``, ``tangents``: derivative rules over ``vmap`` levels,
-symbolic zeros; ``collecting``: a loop body's taps gathered instead of
-staged; ``partitioned``: one call per shard; ``control_flow``: ``vmap`` of a
-``while`` whose condition calls the host; ``libraries``: hostcall's native
-libraries built from their C++ sources, cached, verified and loaded.
+what a call's ordering means to JAX; ``delivery``: which delivery a call
+gets when traced; ``targets``: the host side of a call site; ``context``:
+what the host function may learn about its call; ``checks``, ``results``:
+what is checked when traced and when results come back; ``lifting``,
+``tangents``: derivative rules over ``vmap`` levels, symbolic zeros;
+``collecting``: a loop body's taps gathered instead of staged;
+``control_flow``: calls kept where they were written under ``grad`` and
+``linearize`` of loops, and ``vmap`` of a ``while`` whose condition calls
+the host; ``gating``: ``vmap`` of a ``cond``, calls only for the lanes
+that took their branch; ``rewriting``: a jaxpr evaluated again with some
+equations rewritten. What runs the calls (lowering, eager evaluation, the
+run path, errors, barriers, the queue, the native extension) is
+``hostcall._runtime``.
 """
 
-from hostcall._core.barriers import barrier
 from hostcall._core.context import CallContext, call_context
-from hostcall._core.errors import CallbackException
 from hostcall._core.primitive import bind, hostcall_p
 from hostcall._core.targets import (CallTarget, HostTarget, PostponingTarget,
                                     target)
@@ -25,10 +24,8 @@ from hostcall._core.targets import (CallTarget, HostTarget, PostponingTarget,
 __all__ = [
     "CallContext",
     "CallTarget",
-    "CallbackException",
     "HostTarget",
     "PostponingTarget",
-    "barrier",
     "bind",
     "call_context",
     "hostcall_p",

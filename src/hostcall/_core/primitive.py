@@ -19,14 +19,17 @@ One equation calls one host function. Its parameters:
   (JAX's callbacks' parameter; it wins over ``device_index``);
 * ``delivery``: ``"sync"`` (the host function runs inside the computation,
   which waits for it) or ``"async"`` (result-less calls: the operands are
-  queued and a host thread delivers them; see ``hostcall._async``);
+  queued and a host thread delivers them; see ``hostcall._runtime``);
 * ``partitioned``: under a global view of several devices, one call per
   shard with the local shard instead of one call with the gathered value
   (result-less calls; see ``partitioned``).
 
-The rules, registered at the bottom of this file, in one place: abstract
-evaluation, eager evaluation, batching, JVP, transposition, partial
-evaluation under ``jax.checkpoint`` and the MLIR lowering (``lowering``).
+The trace-time rules, registered at the bottom of this file, in one place:
+abstract evaluation, batching, JVP, transposition, partial evaluation under
+``jax.checkpoint``. What runs a call registers its own rules, as JAX's
+``dispatch`` and ``mlir`` modules do: eager evaluation in
+``hostcall._runtime.eager``, the MLIR lowering in
+``hostcall._runtime.lowering``.
 """
 
 from __future__ import annotations
@@ -36,16 +39,14 @@ from typing import Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.extend import core as jex_core
 
 from hostcall import _jax_private
-from hostcall._async import delivery as deliveries
-from hostcall._core import (calls, collecting, control_flow, gating, lifting,
-                           lowering)
-from hostcall._core.context import batch_levels, make_context
+from hostcall._core import (collecting, control_flow, delivery as deliveries,
+                            gating, lifting)
+from hostcall._core.context import batch_levels
 from hostcall._core.effects import (KEPT_IN_LOOPS, ORDERED_HOST_EFFECT_TYPES,
-                                   effect_of)
+                                    effect_of)
 from hostcall._core.targets import VECTORISED, HostTarget
 from hostcall._core.tangents import instantiate
 
@@ -102,47 +103,6 @@ def _abstract_eval(*avals, kind, result_avals, ordering, **_):
   effect = effect_of(ordering)
   outs = avals if kind == "tap" else result_avals
   return list(outs), set() if effect is None else {effect}
-
-
-@functools.lru_cache(maxsize=512)
-def _compiled(**params):
-  return jax.jit(functools.partial(hostcall_p.bind, **params))
-
-
-def _impl(*args, **params):
-  if jax.config.jax_disable_jit or params["target"].inline_outside_jit:
-    return _run_inline(*args, **params)
-  # Outside jit we still compile: the host function then runs from the same
-  # runtime thread, sequenced by the same effect tokens, as inside jit.
-  return _compiled(**params)(*args)
-
-
-def is_eager_call(frame) -> bool:
-  """Whether ``frame`` runs one call outside ``jit`` (``_impl``): as a
-  computation of its own, apart from what comes before and after it."""
-  return frame.f_code is _impl.__code__
-
-
-def _run_inline(*args, target, transforms, kind, **_):
-  """Called outside ``jit`` (under ``jax.disable_jit()``, or for a debug
-  callback, as JAX calls its own): the host function runs right here."""
-  devices = [d for a in args if isinstance(a, jax.Array) for d in a.devices()]
-  device = devices[0] if devices else jax.devices()[0]
-  results = calls.run(target, [_host_value(a) for a in args],
-                      make_context(transforms, device))
-  if kind == "tap":
-    return list(args)
-  return [jax.device_put(r, device) for r in results]
-
-
-def _host_value(value):
-  """What a host function receives for ``value`` outside ``jit``: a NumPy
-  array with JAX's dtype (Python numbers narrowed as JAX narrows them), or
-  an array of an extended dtype (a PRNG key) as it is."""
-  if jax.dtypes.issubdtype(jnp.result_type(value), jax.dtypes.extended):
-    return value
-  array = np.asarray(value)
-  return array.astype(jax.dtypes.canonicalize_dtype(array.dtype), copy=False)
 
 
 def _batching_rule(args, dims, *, transforms, kind, target, result_avals,
@@ -300,11 +260,10 @@ def _debug_remat_rule(saveable, unks_in, inst_in, eqn):
 
 
 hostcall_p.def_effectful_abstract_eval(_abstract_eval)
-hostcall_p.def_impl(_impl)
+# def_impl: hostcall._runtime.eager; lowering: hostcall._runtime.lowering.
 _jax_private.primitive_batchers[hostcall_p] = _batching_rule
 _jax_private.primitive_jvps[hostcall_p] = _jvp_rule
 _jax_private.primitive_transposes[hostcall_p] = _transpose_rule
 _jax_private.partial_eval_jaxpr_custom_rules[hostcall_p] = _remat_rule
-_jax_private.register_lowering(hostcall_p, lowering.lower, cacheable=False)
 control_flow.install(ORDERED_HOST_EFFECT_TYPES, KEPT_IN_LOOPS, hostcall_p)
 gating.install(hostcall_p)

@@ -12,8 +12,7 @@ import jax
 import numpy as np
 
 from hostcall._core.targets import KeyedFields, is_positional, key_of
-from hostcall._core.checks import (check_arguments, check_callable,
-                                       is_array_like)
+from hostcall._core.checks import check_arguments, check_callable, is_array_like
 from hostcall._flavours import _stage
 
 _print_lock = threading.Lock()

@@ -18,9 +18,8 @@ import jax
 import jax.numpy as jnp
 
 from hostcall import _jax_private
-from hostcall._async import delivery as deliveries
-from hostcall._core.checks import (check_arguments, check_callable,
-                                   is_array_like)
+from hostcall._core import delivery as deliveries
+from hostcall._core.checks import check_arguments, check_callable, is_array_like
 from hostcall._flavours._stage import check_vmap_method
 from hostcall._flavours.debug import make_printer, stage_debug
 

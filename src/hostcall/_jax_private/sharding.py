@@ -58,7 +58,7 @@ def keep_with_executable(ctx, obj) -> None:
   2000-step scan's call returned after 100% of its run instead of 5%).
   The Python executable may go before a computation it started ends (or,
   for a program JAX's C++ dispatch keeps, while that still runs it):
-  ``hostcall._async.call_sites.sites`` forgets a released site only after a
+  ``hostcall._runtime.call_sites.sites`` forgets a released site only after a
   barrier has waited for what was dispatched before the release."""
   keepalives = getattr(ctx.module_context, "keepalives", None)
   if keepalives is None:  # a JAX without them: owned, but synchronously

@@ -13,7 +13,7 @@ effects, so that dispatch runs it on the fast path:
   queue's consumer thread delivers it, as it delivers asynchronous taps;
 * elsewhere (an accelerator, several devices), the calls' operands become
   extra outputs, and the ``hostcall-deferred`` thread replays the calls
-  once those outputs are ready (``hostcall._async.deferred``).
+  once those outputs are ready (``hostcall._runtime.deferred``).
 
 A program with a host call that cannot be taken out is compiled as
 ``jax.jit`` compiles it, unchanged.
@@ -28,12 +28,11 @@ from typing import Any, Callable
 import jax
 
 from hostcall import _jax_private
-from hostcall._async import native, queue
-from hostcall._async.deferred import deferred
-from hostcall._core import emission
+from hostcall._runtime import native, queue
+from hostcall._runtime.deferred import deferred
+from hostcall._runtime import emission
 from hostcall._core.checks import check_callable
-from hostcall._jit import deferring, jax_callbacks
-from hostcall._jit import plan as replay_plan
+from hostcall._jit import deferring, jax_callbacks, plan as replay_plan
 
 
 class HostcallJitWarning(UserWarning):

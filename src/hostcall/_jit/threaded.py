@@ -25,8 +25,7 @@ from jax.extend import core as jex_core
 from jax.interpreters import mlir
 
 from hostcall import _jax_private
-from hostcall._async import lowering as async_lowering
-from hostcall._async import call_sites
+from hostcall._runtime import call_sites, enqueue
 
 hostcall_threaded_p = jex_core.Primitive("hostcall_threaded")
 hostcall_threaded_p.multiple_results = True
@@ -120,7 +119,7 @@ def _abstract_eval(order, *operands, returns, **_):
 
 def _lower(ctx, order, *operands, target, transforms, device_index, packed,
            returns):
-  out = async_lowering.emit_threaded(ctx, target, transforms, device_index,
+  out = enqueue.emit_threaded(ctx, target, transforms, device_index,
                                      order, list(operands), packed, returns)
   return [out] if returns else []
 

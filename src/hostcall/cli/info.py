@@ -40,8 +40,9 @@ def run(args) -> int:
   import hostcall
   from hostcall._apps.metrics import registry
   from hostcall._apps.control import native as control_native
-  from hostcall._async import delivery, native
-  from hostcall._core import libraries
+  from hostcall._core import delivery
+  from hostcall._runtime import native
+  from hostcall._runtime import libraries
 
   print(f"hostcall {hostcall.__version__}")
   print(f"jax {jax.__version__}, jaxlib {jaxlib.__version__}, "

@@ -13,7 +13,7 @@ from jax.extend import core as jex_core
 
 from hostcall import _jax_private
 from hostcall._apps.control.host import controls
-from hostcall._core import emission
+from hostcall._runtime import emission
 
 
 control_check_p = jex_core.Primitive("hostcall_control_check")

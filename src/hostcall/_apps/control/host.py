@@ -13,12 +13,10 @@ from typing import Any
 
 from hostcall._apps import bars as _bars
 from hostcall._apps.control import states as _states
-from hostcall._apps.control.interrupts import (Reaper,
-                                                frame_waiting_for_the_loop)
+from hostcall._apps.control.interrupts import Reaper, frame_waiting_for_the_loop
 from hostcall._apps.control.spec import FAILED, STOP_WHEN, LoopStatus, Stop
-from hostcall._async import queue
-from hostcall._core import calls, errors
-from hostcall._core.barriers import add_barrier_hook, barrier_started
+from hostcall._runtime import calls, errors, queue
+from hostcall._runtime.barriers import add_barrier_hook, barrier_started
 
 
 class _Failure:

@@ -9,7 +9,7 @@ import threading
 from typing import Any, Callable
 
 from hostcall import _jax_private
-from hostcall._core.primitive import is_eager_call
+from hostcall._runtime.eager import is_eager_call
 
 logger = logging.getLogger("hostcall")
 

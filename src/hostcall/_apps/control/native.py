@@ -1,14 +1,14 @@
 """The stop check's native library: ``hostcall_control.cc`` (the
 ``hostcall_control_check`` FFI handler, each invocation's stop state,
 Ctrl-C), compiled into hostcall's native extension when the package is
-installed and loaded from it by ``_core/libraries.py`` on first use. It
+installed and loaded from it by ``_runtime/libraries.py`` on first use. It
 calls nothing of the asynchronous queue's part of the extension."""
 
 from __future__ import annotations
 
 import ctypes
 
-from hostcall._core import libraries
+from hostcall._runtime import libraries
 
 _i64 = ctypes.c_int64
 

@@ -13,8 +13,7 @@ import numpy as np
 
 from hostcall._apps.metrics.block import Block
 from hostcall._apps.metrics.sink import RunSink
-from hostcall._core import PostponingTarget
-from hostcall._core import target as _target
+from hostcall._core import PostponingTarget, target as _target
 
 
 @_target

@@ -19,13 +19,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hostcall._apps.metrics import files, processes as _processes, reading
-from hostcall._apps.metrics import sink as _sinks
+from hostcall._apps.metrics import (files, processes as _processes, reading,
+                                    sink as _sinks)
 from hostcall._apps.metrics.log_target import LogTarget
 from hostcall._apps.metrics.memory import MemoryWriter
 from hostcall._apps.metrics.sink import RunSink
 from hostcall._apps.metrics.writer import Writer
-from hostcall._async import queue as _queue
+from hostcall._runtime import queue as _queue
 from hostcall._core import bind
 from hostcall._core.context import why_waiting_is_forbidden
 from hostcall._core.checks import describe_leaf, is_array_like

@@ -22,12 +22,11 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from hostcall._apps.metrics import processes as _processes
-from hostcall._apps.metrics import registry, writer_thread
+from hostcall._apps.metrics import (processes as _processes, registry,
+                                    writer_thread)
 from hostcall._apps.metrics.block import Block
-from hostcall._async import queue as _queue
-from hostcall._core import errors
-from hostcall._core.barriers import add_barrier_hook
+from hostcall._runtime import errors, queue as _queue
+from hostcall._runtime.barriers import add_barrier_hook
 
 logger = logging.getLogger("hostcall")
 

@@ -11,7 +11,7 @@ import threading
 
 import numpy as np
 
-from hostcall._async import native
+from hostcall._runtime import native
 
 #: The formatter's column kinds, by dtype.
 _KINDS = {np.dtype(np.int64): 0, np.dtype(np.float32): 1,

@@ -28,7 +28,7 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from hostcall._core import errors
+from hostcall._runtime import errors
 from hostcall._core.context import (CallContext, calling,
                                     delivering_asynchronously)
 from hostcall._core.targets import HostTarget

@@ -17,8 +17,7 @@ import jax
 import ml_dtypes
 import numpy as np
 
-from hostcall._async import queues
-from hostcall._core import errors
+from hostcall._runtime import errors, queues
 from hostcall._core.targets import HostTarget
 
 

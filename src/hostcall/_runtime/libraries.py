@@ -3,7 +3,7 @@ built when the package is installed and loaded from it (``Library``).
 
 The extension (``CMakeLists.txt``, built by scikit-build-core with CMake
 at ``pip install``) holds the C++ of two components that do not call each
-other: the asynchronous queue (``_async/native.py``:
+other: the asynchronous queue (``_runtime/native.py``:
 ``hostcall_queue.cc``, with the metrics writers' ``hostcall_texts.cc``)
 and the steered loops' stop check (``_apps/control/native.py``:
 ``hostcall_control.cc``). Each component has its ``Library``: the C
@@ -35,7 +35,7 @@ import warnings
 
 import jax
 
-from hostcall._core import emission
+from hostcall._runtime import emission
 
 #: The extension module holding the native code.
 EXTENSION = "hostcall._native"
@@ -82,7 +82,7 @@ class Library:
     fallback: what is used without it, for the warning.
 
   Example:
-    >>> from hostcall._async import native
+    >>> from hostcall._runtime import native
     >>> native.LIBRARY.name
     'hostcall_queue'
   """

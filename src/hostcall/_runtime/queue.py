@@ -2,7 +2,7 @@
 
 A tap in asynchronous mode does not call Python from the device computation.
 Its operands are copied into a bounded FIFO queue (the native XLA FFI
-handler of ``hostcall._async.native``, or a Python queue when that cannot be
+handler of ``hostcall._runtime.native``, or a Python queue when that cannot be
 built) and the computation goes on; one consumer thread delivers the taps to
 their host functions in queue order, which is program order on each device.
 A full queue blocks the producer (back-pressure), never drops. ``barrier()``
@@ -31,11 +31,10 @@ import jax
 import numpy as np
 
 from hostcall import _jax_private
-from hostcall._async import native, queues
-from hostcall._async import call_sites
-from hostcall._async.call_sites import sites
-from hostcall._async.deferred import deferred
-from hostcall._core import calls, errors
+from hostcall._runtime import call_sites, native, queues
+from hostcall._runtime.call_sites import sites
+from hostcall._runtime.deferred import deferred
+from hostcall._runtime import calls, errors
 from hostcall._core.targets import Steps
 
 logger = logging.getLogger("hostcall")

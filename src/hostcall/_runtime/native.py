@@ -3,13 +3,13 @@
 and the metrics writers' number formatting
 (``_apps/metrics/hostcall_texts.cc``), compiled into hostcall's native
 extension when the package is installed and loaded from it by
-``_core/libraries.py`` on first use."""
+``_runtime/libraries.py`` on first use."""
 
 from __future__ import annotations
 
 import ctypes
 
-from hostcall._core import libraries
+from hostcall._runtime import libraries
 
 _vp, _i64 = ctypes.c_void_p, ctypes.c_int64
 _p64 = ctypes.POINTER(ctypes.c_int64)

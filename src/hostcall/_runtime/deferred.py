@@ -32,7 +32,7 @@ import jax
 import numpy as np
 
 from hostcall import _jax_private
-from hostcall._core import calls, emission, errors
+from hostcall._runtime import calls, emission, errors
 from hostcall._core.context import why_waiting_is_forbidden
 
 logger = logging.getLogger("hostcall")

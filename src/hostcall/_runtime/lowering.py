@@ -8,7 +8,7 @@ device), threads the ordering token of ordered calls, and emits one of:
 * a synchronous call: JAX's runtime Python callback, which runs the host
   function while the computation waits (``emit_sync``);
 * an asynchronous one: the operands are queued for the consumer thread
-  (``hostcall._async.lowering``);
+  (``hostcall._runtime.enqueue``);
 * a partitioned one: one call per shard (``emit_partitioned``, see
   ``partitioned``).
 
@@ -24,11 +24,11 @@ import jax
 import numpy as np
 
 from hostcall import _jax_private
-from hostcall._async import lowering as async_lowering
-from hostcall._async import call_sites, queue
-from hostcall._core import calls, emission, partitioned
 from hostcall._core.context import AFTER, make_context
 from hostcall._core.effects import ORDERED, effect_of
+from hostcall._core.primitive import hostcall_p
+from hostcall._runtime import (call_sites, calls, emission, enqueue,
+                               partitioned, queue)
 
 
 def lower(ctx, *args, target, transforms, kind, result_avals, ordering,
@@ -58,7 +58,7 @@ def lower(ctx, *args, target, transforms, kind, result_avals, ordering,
   effect = effect_of(ordering)
   token = ctx.tokens_in.get(effect) if ordering in ORDERED else None
   if delivery == "async":
-    token = async_lowering.emit(ctx, target, contexts, token, operands,
+    token = enqueue.emit(ctx, target, contexts, token, operands,
                                 operand_avals, op_sharding)
     results = []
   else:
@@ -120,7 +120,7 @@ def emit_partitioned(ctx, args, target, transforms, ordering, delivery):
       devices=tuple(axis_context.device_assignment), transforms=transforms)
   if delivery == "async":
     queue.consumer.start()
-    callback = async_lowering.push_callback(
+    callback = enqueue.push_callback(
         call_sites.sites.add(target, unpack))
   else:
     def callback(*flat):
@@ -134,3 +134,6 @@ def emit_partitioned(ctx, args, target, transforms, ordering, delivery):
       partitioned=True)
   if ordering in ORDERED:
     ctx.set_tokens_out(ctx.tokens_in)
+
+
+_jax_private.register_lowering(hostcall_p, lower, cacheable=False)

@@ -1,6 +1,6 @@
 """The emitter of queued taps: the device copies operands into the queue.
 
-Where ``hostcall._core.emission`` routes ``"enqueue"`` to the native library
+Where ``hostcall._runtime.emission`` routes ``"enqueue"`` to the native library
 (CPU, the library loaded, not a global view), an XLA FFI custom call copies
 the operands (as many bytes as the call site's layouts say) into the queue
 and returns; the consumer thread reads them by the same layouts. Elsewhere
@@ -15,8 +15,7 @@ import jax
 import numpy as np
 
 from hostcall import _jax_private
-from hostcall._async import call_sites, queue
-from hostcall._core import emission
+from hostcall._runtime import call_sites, emission, queue
 from hostcall._core.context import make_context
 from hostcall._core.targets import HostTarget
 

@@ -15,9 +15,8 @@ import threading
 import time
 from typing import Callable
 
-from hostcall._async import queue
-from hostcall._core import calls, errors
-from hostcall._core.calls import run_hooks
+from hostcall._runtime import calls, errors, queue
+from hostcall._runtime.calls import run_hooks
 from hostcall._core.context import why_waiting_is_forbidden
 
 logger = logging.getLogger("hostcall")
