@@ -43,7 +43,7 @@ class _BarQuestion(_BarEvent, CallTarget):
   loop's computation)."""
 
   site: int
-  bufferable = False
+  schedule = "live"
 
   def vmap_method(self) -> str:
     return "broadcast_all"
@@ -92,15 +92,14 @@ class _Open(_BarQuestion):
   its open, and a bar never mixes two invocations)."""
 
   stop: Any = None  # a hostcall.control Stop: a steered loop
-  bufferable = False
   containable = False  # opens a loop even where a failure is contained
 
   # Queued by hostcall.jit (a bar, not a steered loop, whose checks need
   # the handle): the loop gets LATEST, the ticks and the close find the
   # handle the open got, the queue keeping them in order.
   @property
-  def queueable(self) -> bool:
-    return self.stop is None
+  def schedule(self) -> str:
+    return "queued" if self.stop is None else "live"
 
   @property
   def queued_answer(self) -> int | None:
@@ -122,9 +121,7 @@ class _Close(_BarTap):
   """Closes an invocation's bar when its loop ends:
   ``(handle, count, witness)``."""
 
-  bufferable = False
-
-  queueable = True
+  schedule = "queued"
 
   def deliver(self, flat_args, context):
     handle, count, _, *reason = flat_args
@@ -141,9 +138,7 @@ class _Close(_BarTap):
 class _Tick(_BarTap):
   """The step count after a chunk: ``(handle, count, witness[, running])``."""
 
-  bufferable = False
-
-  queueable = True
+  schedule = "queued"
 
   def deliver(self, flat_args, context):
     handle, count, _, *active = flat_args
@@ -224,7 +219,6 @@ class Step(_BarTap):
 class Pace(_BarQuestion):
   """A while_loop's question: how many steps until the next tick?"""
 
-  bufferable = False
   # Answered where a failure is contained too: a chunk of no steps would
   # keep the failing device from its next check.
   containable = False

@@ -51,8 +51,9 @@ class FlushTarget(PostponingTarget):
   _contexts_cache: dict = dataclasses.field(default_factory=dict,
                                             compare=False)
 
-  bufferable = False  # an enclosing hostcall.scan flushes its own chunks
-  deferrable = True  # its taps are all bufferable: none must be live
+  # An enclosing hostcall.scan does not gather it (it flushes its own
+  # chunks), and hostcall.jit may defer it (its taps are all bufferable).
+  schedule = "deferred"
 
   @classmethod
   def of(cls, signature: list) -> "FlushTarget":

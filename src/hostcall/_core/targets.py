@@ -61,6 +61,10 @@ class KeyedFields:
                            else (how or hash_key)(value))
 
 
+#: A target's ``schedule`` values, strictest first.
+SCHEDULES = ("live", "queued", "deferred", "buffered")
+
+
 class HostTarget(KeyedFields):
   """The base of every target; see the module's docstring."""
 
@@ -69,25 +73,34 @@ class HostTarget(KeyedFields):
   #: ``"postpone"``: it is logged and raised by the next barrier.
   on_error: str = "fail"
 
-  #: Whether ``hostcall.scan`` may gather this call's values over K steps.
-  #: Targets whose host side must see each event as it happens say no.
-  bufferable: bool = True
+  #: When the host may see this call, from the strictest to the loosest
+  #: (each allows what the ones before it allow; see ``SCHEDULES``):
+  #:
+  #: * ``"live"``: as the program runs, the program waiting for it (a
+  #:   steered loop's check, whose answer the loop reads);
+  #: * ``"queued"``: also queued from the device without a JAX effect
+  #:   (``hostcall.jit``'s queued route, ``_jit/threaded``), delivered
+  #:   while the program runs, in program order (a progress bar's tick);
+  #: * ``"deferred"``: also delivered once the program is done, from its
+  #:   outputs (``hostcall.jit``'s outputs route, ``_jit/deferring``);
+  #: * ``"buffered"``: also gathered over K steps by ``hostcall.scan`` and
+  #:   delivered a chunk at a time (the default: taps, metrics).
+  schedule: str = "buffered"
 
-  #: Whether ``hostcall.jit`` may defer this call to the program's outputs,
-  #: delivering it once the program is done (see ``deferring``): by default
-  #: as ``bufferable`` (a call the host must see as it happens is neither).
+  @property
+  def bufferable(self) -> bool:
+    """Whether ``hostcall.scan`` may gather this call over K steps."""
+    return SCHEDULES.index(self.schedule) >= SCHEDULES.index("buffered")
+
   @property
   def deferrable(self) -> bool:
-    return self.bufferable
+    """Whether ``hostcall.jit`` may deliver this call from its outputs."""
+    return SCHEDULES.index(self.schedule) >= SCHEDULES.index("deferred")
 
-  #: Whether ``hostcall.jit`` may queue this call from the device without a
-  #: JAX effect (one CPU device; see ``threaded``): the queue delivers it
-  #: while the program runs, in program order, so that a call the host
-  #: must see as it happens (a progress bar's tick) may be, if the program
-  #: needs no answer from it. By default as ``deferrable``.
   @property
   def queueable(self) -> bool:
-    return self.deferrable
+    """Whether ``hostcall.jit`` may queue this call from the device."""
+    return SCHEDULES.index(self.schedule) >= SCHEDULES.index("queued")
 
   #: For a call with results: the value each result holds in the program
   #: when ``hostcall.jit`` queues the call instead of waiting for it (the
