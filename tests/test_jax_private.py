@@ -569,6 +569,21 @@ def test_restage_while_without_wraps_jaxs_while_partial_evaluation():
   assert "body_jaxpr" in outs[2].recipe.params
 
 
+def test_debug_print_writer_writes_what_jaxs_print_writes(capsys):
+  # JAX's own formatting of a debug_print equation, on NumPy values.
+  def program(x, y):
+    jax.debug.print("x={x:.2f} y={y}", x=x, y=y)
+    return x
+  args = (jnp.float32(1.5), jnp.arange(3))
+  (eqn,) = [e for e in jax.make_jaxpr(program)(*args).eqns
+            if e.primitive.name == "debug_print"]
+  _jax_private.debug_print_writer(eqn.params)(*map(np.asarray, args))
+  jax.jit(program)(*args)
+  jax.effects_barrier()
+  ours, jaxs = capsys.readouterr().out.splitlines()
+  assert ours == jaxs == "x=1.50 y=[0 1 2]"
+
+
 def test_not_really_effects_are_jaxs_effect_types():
   assert _jax_private.NOT_REALLY_EFFECTS
   assert all(isinstance(t, type) for t in _jax_private.NOT_REALLY_EFFECTS)

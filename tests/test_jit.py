@@ -1092,6 +1092,65 @@ def test_jaxs_own_callbacks_are_taken_out_as_jax_jit_runs_them(
   assert bool(effects) is (mode == "outputs")
 
 
+# Each format with what it reads: (format, keyword values?, NumPy's path?).
+_PRINTS = [
+    ("x={x}", True, True),
+    ("x={x:.3f} y={y}", True, True),
+    ("{x} {y[1]} {y[1]:.1f}", True, True),
+    ("{y.shape} {y.dtype} {x.ndim} {y.T}", True, True),
+    ("{x!s}", True, True),
+    ("{0} and {1}", False, True),
+    ("no placeholders", False, True),
+    ("{x!r}", True, False),            # Array(...), not array(...)
+    ("{y.itemsize}", True, False),     # not in the list read alike: JAX's
+    ("{y:>40}", True, True),           # fails in both (JAX's log words)
+]
+
+
+@pytest.mark.parametrize("fmt, keywords, fast", _PRINTS,
+                         ids=[p[0] for p in _PRINTS])
+def test_jax_debug_print_writes_what_jax_jit_writes(mode, fmt, keywords,
+                                                    fast, capfd):
+  # JAX's own print under hostcall.jit writes JAX's text: JAX's formatting
+  # on NumPy values where the format reads them as it reads JAX's arrays
+  # (no device placement a call), JAX's eager print elsewhere.
+  from hostcall._jit import jax_callbacks
+
+  import string
+  used = {name.split(".")[0].split("[")[0]
+          for _, name, _, _ in string.Formatter().parse(fmt) if name}
+
+  def program(x, y):
+    values = {"x": x, "y": y}
+    if keywords:
+      jax.debug.print(fmt, **{k: values[k] for k in used})
+    elif used:
+      jax.debug.print(fmt, x, y)
+    else:
+      jax.debug.print(fmt)
+    return x + 1
+
+  args = (jnp.float32(1.25), jnp.arange(4.0, dtype=jnp.bfloat16))
+  texts = []
+  for jit in (jax.jit, hostcall.jit):
+    try:
+      jit(program)(*args)
+      jax.effects_barrier()
+      hostcall.barrier()
+      failed = False
+    except Exception:  # noqa: BLE001 - a deferred call fails at the barrier
+      failed = True
+      try:
+        hostcall.barrier()
+      except Exception:  # noqa: BLE001
+        pass
+    texts.append((capfd.readouterr().out, failed))
+  assert texts[1] == texts[0]
+  eqn = next(e for e in jax.make_jaxpr(program)(*args).eqns
+             if e.primitive.name == "debug_print")
+  assert jax_callbacks._printed_with_numpy(eqn) is fast
+
+
 def test_a_call_that_keeps_the_program_as_it_is_is_named_once(mode):
   from jax.experimental import io_callback
 

@@ -4,10 +4,14 @@ equation or value."""
 
 from __future__ import annotations
 
+import functools
+import inspect
+
 import jax
 from jax._src import callback as _callback
 from jax._src import config as _config
 from jax._src import core as _core
+from jax._src import debugging as _debugging
 from jax._src import effects as _effects
 from jax._src import source_info_util as _source_info_util
 from jax._src import util as _util
@@ -207,3 +211,20 @@ def keep_when_unused(primitive) -> None:
     eqn = args[-1]
     return [True] * len(eqn.invars), eqn
   _pe.dce_rules[primitive] = keep
+
+
+def debug_print_writer(params: dict):
+  """What ``jax.debug.print`` does on the host for a ``debug_print``
+  equation's ``params``, as a function of its flat dynamic values: JAX's own
+  formatting (``_format_print_callback``: the format, NumPy's print options,
+  a message without placeholders, a logging record where this release has
+  them) on the values it is given, without placing them on a device
+  first (``debug_print_impl`` does, then calls the same function)."""
+  write = _debugging._format_print_callback
+  leading = [name for name, p in inspect.signature(write).parameters.items()
+             if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
+  values = [dict(params[name]) if name == "np_printoptions" else params[name]
+            for name in leading]
+  return _debugging._make_flat_callback(
+      params["in_tree"], functools.partial(write, *values),
+      params["static_args"])

@@ -15,6 +15,7 @@ stays, for the one warning ``hostcall.jit`` gives.
 from __future__ import annotations
 
 import functools
+import string
 
 import jax
 import jax.extend
@@ -86,6 +87,60 @@ class _Eager:
     _check_as_jax_does(outs, self.params["result_avals"])
 
 
+#: Attributes a format field may read that NumPy's arrays answer as JAX's
+#: do (``{x.shape}``); any other (``{x.sharding}``) takes JAX's own path.
+_SAME_ATTRIBUTES = frozenset({"dtype", "shape", "ndim", "size", "real",
+                              "imag", "T"})
+
+
+def _formats_as_jax(fmt: str) -> bool:
+  """Whether ``fmt`` writes the same text for NumPy values as for the
+  ``jax.Array``s JAX's eager print hands it: ``str`` and format specs read
+  the same values (JAX's ``__str__`` and ``__format__`` are NumPy's), a
+  ``!r`` does not (``Array(...)`` against ``array(...)``)."""
+  try:
+    fields = list(string.Formatter().parse(fmt))
+  except ValueError:
+    return False  # JAX's path raises it, in its words
+  for _, name, spec, conversion in fields:
+    if name is None:
+      continue
+    if conversion not in (None, "s") or "{" in (spec or ""):
+      return False
+    attributes = [part for part in name.replace("]", "").split(".")[1:]]
+    if any(part.split("[")[0] not in _SAME_ATTRIBUTES for part in attributes):
+      return False
+  return True
+
+
+class _Printed:
+  """The host function of a rewritten ``jax.debug.print`` whose format
+  reads NumPy values as it reads JAX's: JAX's own formatting, without
+  placing the values on a device first (tens of microseconds a call).
+  Where the formatting fails, JAX's own path runs, to fail in its words."""
+
+  def __init__(self, eqn):
+    self.write = _jax_private.debug_print_writer(eqn.params)
+    self.eager = _Eager(eqn)
+    self.__name__ = "debug_print"
+
+  def __call__(self, *args):
+    try:
+      self.write(*args)
+    except Exception:  # noqa: BLE001 - JAX's path reports it as JAX does
+      self.eager(*args)
+
+
+def _printed_with_numpy(eqn) -> bool:
+  params = eqn.params
+  return (eqn.primitive.name == "debug_print" and "fmt" in params
+          and "in_tree" in params and "static_args" in params
+          and _formats_as_jax(params["fmt"])
+          and not any(jax.dtypes.issubdtype(v.aval.dtype,
+                                            jax.dtypes.extended)
+                      for v in eqn.invars))
+
+
 def _check_as_jax_does(outs, avals) -> None:
   """An io callback's results checked against its declaration, in JAX's
   words (its compiled callback's checks; none outside ``jit``)."""
@@ -108,7 +163,8 @@ def _check_as_jax_does(outs, avals) -> None:
 def _rewrite(is_jax_callback, eqn, invals):
   if not is_jax_callback(eqn):
     return None
-  eager, ordered = _Eager(eqn), _ordered(eqn)
+  ordered = _ordered(eqn)
+  eager = _Printed(eqn) if _printed_with_numpy(eqn) else _Eager(eqn)
   if eqn.primitive.name in _DEBUG:
     stage_debug("debug_callback", eager, tuple(invals), {},
                 "debug_ordered" if ordered else "unordered", False)
