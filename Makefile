@@ -3,7 +3,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: FORCE venv demo test test-heavy test-compositions test-legacy test-matrix test-jax bench docs clean
+.PHONY: venv demo test test-heavy test-compositions test-legacy test-matrix test-jax bench docs clean
 
 # One venv; each extra installed into it once, with its own stamp
 # (.venv/.installed-demo, .venv/.installed-test, ...), so that `make demo`
@@ -29,13 +29,10 @@ JAXLIB = $(shell $(PYTHON) -c 'import tomllib; print(next(d for d in tomllib.loa
 
 # An editable install maps each module to its file when installed: adding,
 # removing or moving a Python file installs again too. The list of them is
-# kept in .venv/.python-files, rewritten only when it changes.
-PY_FILES = $(sort $(shell find src/hostcall -name '*.py' -not -path '*/__pycache__/*'))
-
-$(VENV)/.python-files: FORCE | $(BIN)/python
-	@echo '$(PY_FILES)' | cmp -s - $@ || echo '$(PY_FILES)' > $@
-
-FORCE:
+# kept in .venv/.python-files, rewritten (when make reads this file) only
+# when it changes, so that its date says when the list last changed.
+PY_FILES := $(sort $(shell find src/hostcall -name '*.py' -not -path '*/__pycache__/*' 2>/dev/null))
+$(shell mkdir -p $(VENV) && (echo '$(PY_FILES)' | cmp -s - $(VENV)/.python-files || echo '$(PY_FILES)' > $(VENV)/.python-files))
 
 $(VENV)/.installed-%: pyproject.toml $(NATIVE) $(VENV)/.python-files | $(BIN)/python
 	$(BIN)/python $(PIP) $(foreach r,$(BUILD_REQUIRES),'$(r)') '$(JAXLIB)'

@@ -66,8 +66,11 @@ __version__ = "0.1.0"
 
 _notebook.install()  # inside IPython: each cell's host output in that cell
 # Errors raised while JAX traces a user's function show the user's frames,
-# not hostcall's (as JAX hides its own).
-_jax_private.hide_frames_of(__path__[0])
+# not hostcall's (as JAX hides its own). Every folder of the package: an
+# editable install's Python files are not where its extension is.
+for _folder in __path__:
+  _jax_private.hide_frames_of(_folder)
+del _folder
 
 __all__ = [
     "CallContext",

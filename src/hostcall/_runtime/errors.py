@@ -171,7 +171,7 @@ def _keep(exc: BaseException) -> int:
   return key
 
 
-_PACKAGE_DIR = __file__.rsplit("_core", 1)[0]
+_PACKAGE_DIR = __file__.rsplit("_runtime", 1)[0]  # hostcall's own files
 
 
 def _user_frames(tb):
