@@ -582,6 +582,11 @@ def test_debug_print_writer_writes_what_jaxs_print_writes(capsys):
   jax.effects_barrier()
   ours, jaxs = capsys.readouterr().out.splitlines()
   assert ours == jaxs == "x=1.50 y=[0 1 2]"
+  # The equation's values put back as the print's arguments.
+  seen = []
+  _jax_private.flat_debug_callback(
+      eqn.params, lambda *a, **k: seen.append((a, sorted(k))))(*args)
+  assert seen == [((), ["x", "y"])]
 
 
 def test_not_really_effects_are_jaxs_effect_types():

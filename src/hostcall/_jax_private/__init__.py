@@ -46,6 +46,7 @@ from hostcall._jax_private.sharding import (SPMDAxisContext, ShardingContext,
                                             device_assignment,
                                             distributed_client)
 from hostcall._jax_private.transforms import (cache_weakly, debug_print_writer,
+                                              flat_debug_callback,
                                               IO_EFFECT,
                                               ORDERED_IO_EFFECT,
                                               batch_jaxpr_axes, batch_jaxpr,

@@ -213,6 +213,14 @@ def keep_when_unused(primitive) -> None:
   _pe.dce_rules[primitive] = keep
 
 
+def flat_debug_callback(params: dict, callback):
+  """``callback(*args, **kwargs)`` as a function of a ``debug_print`` or
+  ``debug_callback`` equation's flat dynamic values (its ``in_tree`` and
+  ``static_args`` put back together, as JAX's own impl does)."""
+  return _debugging._make_flat_callback(params["in_tree"], callback,
+                                        params["static_args"])
+
+
 def debug_print_writer(params: dict):
   """What ``jax.debug.print`` does on the host for a ``debug_print``
   equation's ``params``, as a function of its flat dynamic values: JAX's own
@@ -225,6 +233,4 @@ def debug_print_writer(params: dict):
              if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
   values = [dict(params[name]) if name == "np_printoptions" else params[name]
             for name in leading]
-  return _debugging._make_flat_callback(
-      params["in_tree"], functools.partial(write, *values),
-      params["static_args"])
+  return flat_debug_callback(params, functools.partial(write, *values))

@@ -24,7 +24,7 @@ import numpy as np
 
 from hostcall import _jax_private
 from hostcall._core import rewriting
-from hostcall._flavours import _stage
+from hostcall._flavours import _stage, debug
 from hostcall._flavours.debug import stage_debug
 
 _DEBUG = ("debug_callback", "debug_print")
@@ -115,12 +115,22 @@ def _formats_as_jax(fmt: str) -> bool:
 
 class _Printed:
   """The host function of a rewritten ``jax.debug.print`` whose format
-  reads NumPy values as it reads JAX's: JAX's own formatting, without
-  placing the values on a device first (tens of microseconds a call).
-  Where the formatting fails, JAX's own path runs, to fail in its words."""
+  reads NumPy values as it reads JAX's: written without placing the
+  values on a device first (tens of microseconds a call), by
+  ``hostcall.debug_print``'s printer (JAX's text: the drop-in's tests)
+  with the trace's print options, or, for a print JAX logs instead
+  (``logging_record``), by JAX's own formatting. Where the formatting
+  fails, JAX's own path runs, to fail in its words."""
 
   def __init__(self, eqn):
-    self.write = _jax_private.debug_print_writer(eqn.params)
+    params = eqn.params
+    if params.get("logging_record"):
+      self.write = _jax_private.debug_print_writer(params)
+    else:
+      printer = debug.Printer(params["fmt"],
+                              tuple(dict(params["np_printoptions"]).items()),
+                              bool(params.get("has_placeholders", True)))
+      self.write = _jax_private.flat_debug_callback(params, printer)
     self.eager = _Eager(eqn)
     self.__name__ = "debug_print"
 
