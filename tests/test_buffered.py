@@ -214,3 +214,13 @@ def test_what_lax_scan_refuses_is_refused_in_its_words(scan, xs, length):
   with pytest.raises(ValueError) as got:
     run(body, 0.0, xs, length=length)
   assert str(got.value) == str(expected.value)
+
+
+def test_hostcall_scan_takes_only_what_users_need():
+  # The chunked loops' hooks are hostcall's own (scan.chunked_scan).
+  import inspect
+  assert list(inspect.signature(hostcall.scan).parameters) == [
+      "f", "init", "xs", "length", "reverse", "unroll", "every"]
+  with pytest.raises(TypeError, match="after_chunk"):
+    hostcall.scan(lambda c, _: (c, None), 0, length=2,
+                  after_chunk=lambda c, ys: None)

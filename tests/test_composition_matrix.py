@@ -44,7 +44,7 @@ from jax.experimental import io_callback as jax_io_callback
 
 import hostcall
 from hostcall import host_callback as hcb
-from hostcall._apps import bars as bars_module
+from hostcall._apps import loops as loops_module
 
 N = 3  # steps of every loop
 CKPT_POLICIES = {
@@ -304,7 +304,7 @@ class _BarSpy:
     self.log, self.saved = log, {}
 
   def __enter__(self):
-    registry = bars_module.bars
+    registry = loops_module.invocations
     for method, event in (("open", "o"), ("tick", "t"), ("close", "c")):
       original = getattr(registry, method)
       self.saved[method] = original
@@ -322,7 +322,7 @@ class _BarSpy:
     # deleted, not replaced by bound methods (which would hide the class's
     # from a later spy set on the class).
     for method in self.saved:
-      delattr(bars_module.bars, method)
+      delattr(loops_module.invocations, method)
 
 
 _NUMBER = re.compile(r"-?\d+(?:\.\d*)?(?:e[-+]?\d+)?")

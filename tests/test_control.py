@@ -19,7 +19,7 @@ import pytest
 
 import hostcall
 from hostcall import control
-from hostcall._apps import bars as bars_module
+from hostcall._apps import loops as loops_module
 
 ROOT = pathlib.Path(__file__).parent.parent
 
@@ -180,7 +180,7 @@ def test_a_stopped_loop_leaves_no_bars_taps_or_threads():
   for _ in range(3):
     run(jnp.float32(1.0))
   hostcall.barrier()
-  assert not bars_module.bars._open
+  assert not loops_module.invocations._open
   assert hostcall.queue_stats()["queued"] == 0
   assert threading.active_count() == threads
 
@@ -341,6 +341,28 @@ def test_plateau_refuses_what_is_no_run_or_metric(tmp_path):
 def test_control_while_loop_needs_a_reason_to_stop():
   with pytest.raises(TypeError, match="needs a reason to stop"):
     control.while_loop(lambda c: c < 3, lambda c: c + 1, 0)
+
+
+def test_control_while_loop_makes_no_bar_and_nests_bars_as_a_loop():
+  # Its invocations have a site without a bar spec: the drawing listener
+  # makes no bar for them (not even a disabled one). A bar traced in its
+  # body is nested, as in any other chunked loop.
+  from hostcall._apps import bars as bars_module
+  before = set(bars_module.bars._bars)
+  out = io.StringIO()
+
+  def body(c):
+    return hostcall.progress.scan(lambda d, _: (d + 1, None), c, length=3,
+                                  file=out, desc="in steered")[0]
+  result = jax.jit(lambda: control.while_loop(
+      lambda c: c < 9, body, 0, every=1, time_limit=3600.0))()
+  hostcall.barrier()
+  assert int(result.value) == 9 and not bool(result.stopped)
+  new = set(bars_module.bars._bars) - before
+  assert len(new) == 3  # the nested scan's three invocations, nothing else
+  sites = {k[0] for k in new}
+  (spec,) = [loops_module.invocations.spec(s) for s in sites]
+  assert spec.desc == "in steered" and spec.position == 1
 
 
 # --- Ctrl-C, for real: SIGINT to a subprocess ----------------------------------

@@ -116,7 +116,8 @@ def test_a_loop_opened_where_a_failure_is_contained_stops_at_its_first_check(
   else:
     stop_states = states.NativeStopStates(library.load())
   # Each its own invocation (a bar's (site, index)).
-  monkeypatch.setattr(host._bars.bars, "group_of", lambda h: ("site", h))
+  monkeypatch.setattr(host._loops.invocations, "group_of",
+                      lambda h: ("site", h))
   controls = host._Controls(stop_states)
   stop = Stop.of(False, 3600.0, None)
   outer, inner = 2_000_001, 2_000_002  # handles no bar uses
@@ -130,7 +131,7 @@ def test_a_loop_opened_where_a_failure_is_contained_stops_at_its_first_check(
     for handle in (inner, outer):
       controls.end(handle)
       controls.close(handle)
-      controls.release(("site", handle))  # (bars' release hook)
+      controls.release(("site", handle))  # (the loops' release)
   assert not controls.failing
   # The failure was never raised by a finish: once both invocations are
   # released, the barrier hook (this instance's, called as the process's

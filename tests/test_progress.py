@@ -10,7 +10,8 @@ import pytest
 
 import hostcall
 from hostcall import progress
-from hostcall._apps import bar_options, bars as bars_module
+from hostcall._apps import (bar_options, bars as bars_module,
+                            loops as loops_module)
 
 
 def _renders(stream: io.StringIO, desc: str) -> list[str]:
@@ -38,15 +39,15 @@ def _open_bars():
 @pytest.fixture
 def calls(monkeypatch):
   """``calls(method, position)``: records that argument of every call of the
-  host bar registry's ``method`` (the calls still go through)."""
+  host loop registry's ``method`` (the calls still go through)."""
   def spy(method, position):
     seen = []
-    original = getattr(bars_module.bars, method)
+    original = getattr(loops_module.invocations, method)
 
     def record(*args, **kwargs):
       seen.append(args[position])
       return original(*args, **kwargs)
-    monkeypatch.setattr(bars_module.bars, method, record)
+    monkeypatch.setattr(loops_module.invocations, method, record)
     return seen
   return spy
 
@@ -156,8 +157,8 @@ def test_while_loop_counts_without_a_total():
 
 def test_while_loop_pace_doubles_until_a_tenth_of_a_second(monkeypatch):
   clock = [0.0]
-  monkeypatch.setattr(bars_module.time, "monotonic", lambda: clock[0])
-  bars = bars_module.Bars()
+  monkeypatch.setattr(loops_module.time, "monotonic", lambda: clock[0])
+  bars = loops_module.Invocations()
   spec = bar_options.spec("p", None, "step", None, io.StringIO(), False, {},
                           position=0)
   site = bars.site(spec)
@@ -213,13 +214,13 @@ def test_vmap_of_while_with_batched_predicate_shows_running_lanes():
 def test_nested_loops_draw_nested_bars():
   out = io.StringIO()
   opened = []
-  original = bars_module.Bars.open
+  original = loops_module.Invocations.open
 
   def spy(self, site, device, total, context=None, **kwargs):
-    opened.append(self._by_site[site].desc)
+    opened.append(self.spec(site).desc)
     return original(self, site, device, total, context, **kwargs)
 
-  bars_module.Bars.open = spy
+  loops_module.Invocations.open = spy
   try:
     def outer(c, _):
       c, _ = progress.scan(lambda d, _: (d + 1.0, None), c, length=4,
@@ -229,10 +230,11 @@ def test_nested_loops_draw_nested_bars():
                                              desc="outer"))()
     hostcall.barrier()
   finally:
-    bars_module.Bars.open = original
+    loops_module.Invocations.open = original
   assert float(carry) == 12.0
   assert opened == ["outer", "inner", "inner", "inner"]
-  specs = {s.desc: s for s in bars_module.bars._by_site}
+  specs = {s.desc: s for s in loops_module.invocations._by_site
+           if isinstance(s, bars_module.BarSpec)}
   # The default leave: tqdm's, only a bar drawn on the top row stays.
   assert (specs["outer"].position, specs["outer"].leave) == (0, None)
   assert (specs["inner"].position, specs["inner"].leave) == (1, None)
@@ -301,7 +303,8 @@ def test_track_without_total_counts_until_the_barrier():
 
 
 def test_other_processes_draw_nothing_by_default():
-  bars = bars_module.Bars()
+  bars = loops_module.Invocations()
+  bars.listen(bars_module.Bars())
   out = io.StringIO()
   site = bars.site(bar_options.spec("p1", 5, "step", None, out, False, {},
                                     position=0))
@@ -472,8 +475,8 @@ def test_every_device_of_an_invocation_gets_the_same_paces(monkeypatch):
   # first to ask decides), so a communicating body runs the same steps
   # between two checks everywhere.
   now = [0.0]
-  monkeypatch.setattr(bars_module.time, "monotonic", lambda: now[0])
-  bars = bars_module.Bars()
+  monkeypatch.setattr(loops_module.time, "monotonic", lambda: now[0])
+  bars = loops_module.Invocations()
   site = bars.site(bar_options.spec("p", None, "step", None, io.StringIO(),
                                     False, {"disable": True}, position=0))
   a, b = bars.open(site, "A", None), bars.open(site, "B", None)
@@ -497,10 +500,14 @@ def test_a_barrier_does_not_release_an_invocation_another_device_runs(
   # thread dispatched, still runs the invocation: it keeps its paces, and
   # the invocation is released only with it.
   now = [0.0]
-  monkeypatch.setattr(bars_module.time, "monotonic", lambda: now[0])
-  bars = bars_module.Bars()
+  monkeypatch.setattr(loops_module.time, "monotonic", lambda: now[0])
+  bars = loops_module.Invocations()
   released = []
-  bars.release_hooks.append(released.append)
+
+  class Releases(loops_module.Listener):
+    def on_release(self, group):
+      released.append(group)
+  bars.listen(Releases())
   site = bars.site(bar_options.spec("p", None, "step", None, io.StringIO(),
                                     False, {"disable": True}, position=0))
   a = bars.open(site, "A", None)
@@ -703,7 +710,7 @@ def test_a_run_of_vmapped_ticks_reports_the_furthest_lane_and_running(
     monkeypatch):
   from hostcall._apps import bar_events
   seen = []
-  monkeypatch.setattr(bars_module.bars, "tick",
+  monkeypatch.setattr(loops_module.invocations, "tick",
                       lambda *args: seen.append(args))
   tick = bar_events._Tick(site=1)
   # Three lanes (the batch axis first), two ticks, a while loop's running
@@ -983,13 +990,13 @@ def test_closing_every_bar_goes_on_past_one_that_fails():
 
   streams = [Failing(), io.StringIO(), Failing()]
   for k, stream in enumerate(streams):
-    site = bars_module.bars.site(bars_module.BarSpec(
+    site = loops_module.invocations.site(bars_module.BarSpec(
         desc=f"left open {k}", total=10, unit="it", position=0, leave=True,
         file=stream, all_processes=False, options=()))
-    bars_module.bars.open(site, "cpu:0", 10)
+    loops_module.invocations.open(site, "cpu:0", 10)
   streams[0].closing = streams[2].closing = True
   with pytest.raises(OSError, match="No space left on device"):
-    bars_module.bars.close_all(opened_before=time.monotonic() + 60)
+    loops_module.invocations.close_all(opened_before=time.monotonic() + 60)
   assert _open_bars() == []
   assert _final_counts(streams[1], "left open 1") == ["0/10"]
 

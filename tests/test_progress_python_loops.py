@@ -12,7 +12,8 @@ import tqdm as tqdm_module
 
 import hostcall
 from hostcall import progress
-from hostcall._apps import bars as bars_module, tqdm_guard
+from hostcall._apps import (bars as bars_module, loops as loops_module,
+                            tqdm_guard)
 
 
 def _screen(text: str) -> list[str]:
@@ -182,7 +183,8 @@ def test_a_compiled_loop_called_from_a_python_loop_nests_under_its_bar():
   assert len(screen) == 1 and screen[0].startswith("outer: 100%"), screen
   assert "20/20" in screen[0]
   assert "inner:" in out.getvalue()  # drawn live meanwhile
-  inner = [s for s in bars_module.bars._by_site if s.desc == "inner"]
+  inner = [s for s in loops_module.invocations._by_site
+           if isinstance(s, bars_module.BarSpec) and s.desc == "inner"]
   assert inner and all(s.leave is None for s in inner)
   # Without the Python bar, the top row's bars stay, as tqdm's do.
   alone = io.StringIO()

@@ -33,7 +33,7 @@ def controls(request, monkeypatch):
     pytest.skip("the native library cannot be built here")
   else:
     stop_states = states.NativeStopStates(library.load())
-  monkeypatch.setattr(host._bars.bars, "group_of", lambda handle: KEY)
+  monkeypatch.setattr(host._loops.invocations, "group_of", lambda handle: KEY)
   made = host._Controls(stop_states)
   yield made
   for handle in (FIRST, LATE):
@@ -115,7 +115,8 @@ def test_released_failures_stay_bounded(controls, monkeypatch):
   device = jax.devices()[0]
   for k in range(6):
     key = ("site", k)
-    monkeypatch.setattr(host._bars.bars, "group_of", lambda h, key=key: key)
+    monkeypatch.setattr(host._loops.invocations, "group_of",
+                        lambda h, key=key: key)
     controls.open(FIRST + 10 + k, STOP, device)
     assert controls.take(make_context((), device), ValueError(f"boom {k}"))
     controls.close(FIRST + 10 + k)
@@ -162,7 +163,7 @@ def test_a_handle_without_an_invocation_is_a_group_of_its_own(controls,
                                                               monkeypatch):
   # Its bar was closed before the open (progress.close_all in another
   # thread): it shares no decision, and its close releases it.
-  monkeypatch.setattr(host._bars.bars, "group_of", lambda handle: None)
+  monkeypatch.setattr(host._loops.invocations, "group_of", lambda handle: None)
   device = jax.devices()[0]
   controls.open(FIRST, STOP, device)
   controls.open(LATE, STOP, device)

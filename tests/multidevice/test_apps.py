@@ -143,7 +143,7 @@ def test_a_device_opening_after_its_peers_closed_stops_with_them(
         closed.set()
 
   monkeypatch.setattr(controls, "open", open_)
-  monkeypatch.setattr(bars_module.bars, "end_hooks", [close])
+  monkeypatch.setattr(controls, "close", close)
   out = jax.pmap(_steered_loop(
       stop_when=lambda status: status.device != late and status.steps >= 500))(
           jnp.arange(4.0)[:, None])

@@ -19,7 +19,6 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import hostcall
 from hostcall import control, progress
-from hostcall._apps import bars as bars_module
 
 FAILING_STEP, STEPS = 300, 3_000
 
@@ -163,7 +162,7 @@ def test_a_global_view_finish_after_the_loop_closed_raises_the_failure(
       waited.append(released.wait(60))
     return real_deliver(self, flat_args, context)
 
-  monkeypatch.setattr(bars_module.bars, "release_hooks", [release])
+  monkeypatch.setattr(control_host.controls, "release", release)
   monkeypatch.setattr(bar_events._Finish, "deliver", deliver)
   mesh = Mesh(np.array(jax.devices()), ("d",))
   x = jax.device_put(jnp.arange(8.0), NamedSharding(mesh, P("d")))

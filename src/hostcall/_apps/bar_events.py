@@ -1,5 +1,7 @@
 """A progress bar's events on the device side: the host calls a wrapped
-loop makes, and the targets that deliver them to ``bars.py``.
+loop makes, and the targets that deliver them to the loops' registry
+(``loops.py``), which tells its listeners (``bars.py``'s bars,
+``control``'s host side).
 
 A loop sends *open* before its first step (a call: it returns the
 invocation's handle, which the loop's other events carry), a *tick* with the
@@ -19,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hostcall import _jax_private
-from hostcall._apps import bars as _bars, control as _control
+from hostcall._apps import control as _control, loops as _loops
 from hostcall._core import CallTarget, PostponingTarget, bind, target
 from hostcall._core.context import delivering_asynchronously
 
@@ -81,7 +83,7 @@ def _resolved(handle, site: int, context) -> int:
   device's latest open of the site got (queued, the open came first)."""
   handle = _handle(handle)
   if handle == LATEST:
-    return _bars.bars.latest(site, context.device)
+    return _loops.invocations.latest(site, context.device)
   return handle
 
 
@@ -107,9 +109,9 @@ class _Open(_BarQuestion):
 
   def deliver(self, flat_args, context):
     total = _first(flat_args[0], -1)
-    handle = _bars.bars.open(self.site, context.device,
-                             None if total < 0 else total, context,
-                             queued=delivering_asynchronously())
+    handle = _loops.invocations.open(self.site, context.device,
+                                     None if total < 0 else total, context,
+                                     queued=delivering_asynchronously())
     if self.stop is not None:
       _control.controls.open(handle, self.stop, context.device)
     lanes = tuple(size for _, size in reversed(context.batch_levels))
@@ -129,8 +131,9 @@ class _Close(_BarTap):
     # A steered loop's reason: not 0 where it stopped early (all lanes
     # stop together).
     stopped = bool(reason) and bool(np.any(np.asarray(reason[0]) != 0))
-    _bars.bars.close(_handle(handle), context.device, _bars.last_count(count),
-                     _bars.lanes_of(context), stopped=stopped)
+    _loops.invocations.close(_handle(handle), context.device,
+                             _loops.last_count(count),
+                             _loops.lanes_of(context), stopped=stopped)
     return ()
 
 
@@ -144,7 +147,7 @@ class _Tick(_BarTap):
     handle, count, _, *active = flat_args
     running = int(np.count_nonzero(active[0])) if active else None
     self._tick(_resolved(handle, self.site, context),
-               _bars.last_count(count), running, context)
+               _loops.last_count(count), running, context)
     return ()
 
   # hostcall.jit's queue hands a run of consecutive ticks over at once.
@@ -181,8 +184,8 @@ class _Tick(_BarTap):
 
   def _tick(self, handle: int, count: int, running, context) -> None:
     try:
-      _bars.bars.tick(handle, context.device, count,
-                      _bars.lanes_of(context), running)
+      _loops.invocations.tick(handle, context.device, count,
+                              _loops.lanes_of(context), running)
     finally:
       # A steered loop's check waits until its predicate has seen this
       # tick: a bar that fails to draw must not keep the loop waiting.
@@ -206,13 +209,13 @@ class Step(_BarTap):
   delivery = "async"
 
   def deliver(self, flat_args, context):
-    _bars.bars.step(self.site, context.device, 1, _bars.lanes_of(context),
-                    context)
+    _loops.invocations.step(self.site, context.device, 1,
+                            _loops.lanes_of(context), context)
     return ()
 
   def deliver_steps(self, stacked, steps, context):
-    _bars.bars.step(self.site, context.device, steps,
-                    _bars.lanes_of(context), context)
+    _loops.invocations.step(self.site, context.device, steps,
+                            _loops.lanes_of(context), context)
 
 
 @target
@@ -224,8 +227,8 @@ class Pace(_BarQuestion):
   containable = False
 
   def deliver(self, flat_args, context):
-    steps = _bars.bars.pace(_resolved(flat_args[0], self.site, context),
-                            context.device)
+    steps = _loops.invocations.pace(
+        _resolved(flat_args[0], self.site, context), context.device)
     lanes = tuple(size for _, size in reversed(context.batch_levels))
     return [np.full(lanes, steps, np.int32)]
 

@@ -1,66 +1,42 @@
 """Progress bars for compiled loops: the loops.
 
-A wrapped loop sends its bar's events (``bar_events.py``): *open* before
-its first step, a *tick* with the step count after each chunk of steps and
-*close* after its last step. ``scan`` and ``fori_loop`` run as
+A wrapped loop is a chunked loop (``chunked.py``) whose site has a bar
+spec: it sends its events (``bar_events.py``): *open* before its first
+step, a *tick* with the step count after each chunk of steps and *close*
+after its last step. ``scan`` and ``fori_loop`` run as
 ``hostcall.scan`` chunks of ``every`` steps, so the device makes about a
 hundred host calls a loop whatever its length. ``while_loop`` cannot know
 its length: it runs chunks whose size the host chooses at each tick from the
-rate it measured (about ``bars.TICK_INTERVAL`` seconds of steps), so a slow
+rate it measured (about ``loops.TICK_INTERVAL`` seconds of steps), so a slow
 loop ticks every step and a fast one every few thousand. ``track`` decorates
 a body alone: one tick per step, buffered when the body runs inside
 ``hostcall.scan``. The bar's options are checked in ``bar_options.py``; the
-host side is ``bars.py``.
+host side is ``loops.py``'s registry, which ``bars.py`` listens to.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import threading
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 
 from hostcall._apps import (bar_events as _events, bar_options as _bar_options,
-                            bars as _bars, control as _control, scan as _scan)
+                            chunked as _chunked, control as _control,
+                            loops as _loops, scan as _scan)
 from hostcall._core import bind
 from hostcall._core.checks import check_callable
-
-_local = threading.local()
-
-
-@contextlib.contextmanager
-def _nested():
-  _local.depth = getattr(_local, "depth", 0) + 1
-  try:
-    yield
-  finally:
-    _local.depth -= 1
-
 
 def _spec(desc, total, unit, leave, file, all_processes, options):
   """The bar of a loop traced here: its row is the loop's nesting depth."""
   return _bar_options.spec(desc, total, unit, leave, file, all_processes,
-                           options, position=getattr(_local, "depth", 0))
-
-
-_INT32_MAX = 2**31 - 1
+                           options, position=_chunked.depth())
 
 
 def _check_every(every):
   if every is not None:
     _scan.check_every(every, ", or None for the default")
-
-
-#: Steps whose buffered taps reach the host in one flush, at most, in a loop
-#: that is not steered (ticks stay every ``every`` steps): one flush costs
-#: the host far more than a tick (a JSON Lines row logged each step in a
-#: loop of 2000 steps, ticking every 20: 1.10x the plain loop's time with a
-#: flush every 260 steps, 1.23x with one every 20).
-FLUSH_STEPS = 256
 
 
 def scan(f: Callable, init, xs=None, length: int | None = None,
@@ -128,33 +104,12 @@ def scan(f: Callable, init, xs=None, length: int | None = None,
   _check_every(every)
   stop, desc = _steered(interruptible, time_limit, stop_when, desc)
   steps = _scan.scan_length(xs, length, "hostcall.progress.scan")
-  site = _bars.bars.site(_spec(desc, steps, unit, leave, file, all_processes,
-                               tqdm_options))
+  site = _loops.invocations.site(_spec(desc, steps, unit, leave, file,
+                                       all_processes, tqdm_options))
   every = every or max(1, -(-int(steps) // 100))
-
-  def body(state, x):
-    count, carry = state
-    with _nested():
-      carry, y = _scan.step_output(f(carry, x))
-    return (count + 1, carry), y
-
-  handle, count = _events.open_bar(site, steps, stop)
-  out = _scan.scan(
-      body, (count, init), xs, length=length, reverse=reverse,
-      unroll=unroll, every=every,
-      after_chunk=None if not _events.ticks(stop, tqdm_options) else
-      lambda state, ys: _events.tick(site, handle, state[0], (state, ys)),
-      check=None if stop is None else
-      lambda state, index: _control.check(handle, index, after=state),
-      flush_steps=FLUSH_STEPS)
-  (count, carry), ys = out[:2]
-  if stop is not None:
-    _events.finish(site, handle, out[2])
-  _events.close_bar(site, handle, count, (carry, ys),
-                    None if stop is None else out[2])
-  if stop is None:
-    return carry, ys
-  return _control.Result((carry, ys), out[2] != 0, count, out[2])
+  return _chunked.scan_loop(site, stop, _events.ticks(stop, tqdm_options),
+                            lambda c, x: _scan.step_output(f(c, x)), init,
+                            xs, length, reverse, unroll, every, steps)
 
 
 def _steered(interruptible, time_limit, stop_when, desc):
@@ -267,49 +222,11 @@ def _while(cond_fun, body_fun, init_val, total, *, desc, every, unit, leave,
   check_callable(body_fun, "the while loop's body_fun")
   _check_every(every)
   stop, desc = _steered(interruptible, time_limit, stop_when, desc)
-  site = _bars.bars.site(_spec(desc, None, unit, leave, file, all_processes,
-                               tqdm_options))
-  pace = _events.Pace(site)
+  site = _loops.invocations.site(_spec(desc, None, unit, leave, file,
+                                       all_processes, tqdm_options))
 
-  def chunk(state):
-    count, carry, checks, reason = state
-    if every is None:
-      (steps,) = bind([handle], target=pace, kind="call",
-                      result_avals=(_events.INT_AVAL,), ordering="unordered")
-    else:
-      # A chunk counts its steps in int32: a larger ``every`` means one
-      # chunk, as long as any loop the step count can follow.
-      steps = min(every, _INT32_MAX)
-
-    def inner_cond(inner):
-      return (inner[0] < steps) & cond_fun(inner[2])
-
-    def inner_body(inner):
-      j, count, carry = inner
-      with _nested():
-        carry = body_fun(carry)
-      return j + 1, count + 1, carry
-
-    _, count, carry = lax.while_loop(inner_cond, inner_body,
-                                     (jnp.int32(0), count, carry))
-    if _events.ticks(stop, tqdm_options):
-      _events.tick(site, handle, count, carry, cond_fun(carry))
-    if stop is not None:
-      checks = checks + 1
-      reason = _control.check(handle, checks, after=(count, carry))
-    return count, carry, checks, reason
-
-  handle, count = _events.open_bar(site, total, stop)
-  count, carry, _, reason = lax.while_loop(
-      lambda state: cond_fun(state[1]) & (state[3] == 0), chunk,
-      (count, init_val, jnp.int32(0), jnp.int32(0)))
-  if stop is not None:
-    _events.finish(site, handle, reason)
-  _events.close_bar(site, handle, count, carry,
-                    None if stop is None else reason)
-  if stop is None:
-    return carry
-  return _control.Result(carry, reason != 0, count, reason)
+  return _chunked.while_loop(site, stop, _events.ticks(stop, tqdm_options),
+                             cond_fun, body_fun, init_val, total, every)
 
 
 def track(body: Callable | None = None, *, total: int | None = None,
@@ -379,8 +296,8 @@ def track(body: Callable | None = None, *, total: int | None = None,
           "the loop), or leave total out for a counter.")
     # The nesting depth (the bar's row) is known when the body is traced.
     spec = _spec(desc, total, unit, leave, file, all_processes, tqdm_options)
-    step = _events.Step(_bars.bars.site(spec))
-    with _nested():
+    step = _events.Step(_loops.invocations.site(spec))
+    with _chunked.nested():
       out = body(*args, **kwargs)
     bind([_events.lanes_probe(out)], target=step, kind="call",
          ordering="unordered")
@@ -400,4 +317,4 @@ def close_all() -> None:
     >>> import hostcall
     >>> hostcall.progress.close_all()
   """
-  _bars.bars.close_all()
+  _loops.invocations.close_all()

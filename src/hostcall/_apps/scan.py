@@ -193,30 +193,16 @@ def scan_length(xs, length: int | None, who: str) -> int:
 
 def scan(f: Callable, init, xs=None, length: int | None = None,
          reverse: bool = False, unroll: int | bool = 1, *,
-         every: int = 64, after_chunk: Callable | None = None,
-         check: Callable | None = None,
-         flush_steps: int | None = None) -> Any:
+         every: int = 64) -> Any:
   """``lax.scan`` whose taps reach the host ``every`` steps at a time.
 
   Arguments:
     f, init, xs, length, reverse, unroll: as for ``jax.lax.scan``.
     every: how many steps of taps the device gathers before one host call.
       The device holds ``every`` times one step's tap payload.
-    after_chunk: hostcall's applications' hook: called (traced) as
-      ``after_chunk(carry, ys_of_chunk)`` after each chunk's flush.
-    check: steered loops' hook (``hostcall.control``): called (traced) as
-      ``check(carry, index)`` after each chunk (``index`` counts chunks from
-      1); a non-zero result skips the chunks left (their ``ys`` rows stay
-      zeros) and is returned as a third result.
-    flush_steps: hostcall's applications' hook (progress bars, whose chunk
-      is a tick's): without ``check``, the taps of consecutive chunks are
-      flushed together, up to ``flush_steps`` steps and ``FLUSH_BYTES`` of
-      their values, after the ``after_chunk`` of each (a flush costs the
-      host far more than a tick). ``f`` is traced once more to size them.
 
   Returns:
-    What ``jax.lax.scan`` returns (and, with ``check``, the reason the loop
-    stopped, 0 if it did not).
+    What ``jax.lax.scan`` returns.
 
   Taps bound directly in ``f`` (``id_tap``, ``id_print``, result-less
   ``io_callback``/``debug_callback``) are buffered; taps under a
@@ -237,6 +223,34 @@ def scan(f: Callable, init, xs=None, length: int | None = None,
     what: c
     1
   """
+  return chunked_scan(f, init, xs, length, reverse, unroll, every=every)
+
+
+def chunked_scan(f: Callable, init, xs=None, length: int | None = None,
+                 reverse: bool = False, unroll: int | bool = 1, *,
+                 every: int = 64, after_chunk: Callable | None = None,
+                 check: Callable | None = None,
+                 flush_steps: int | None = None) -> Any:
+  """``scan`` with the hooks of hostcall's chunked loops (``chunked.py``:
+  progress bars, steered loops).
+
+  Arguments:
+    f, init, xs, length, reverse, unroll, every: as for ``scan``.
+    after_chunk: called (traced) as ``after_chunk(carry, ys_of_chunk)``
+      after each chunk's flush (a bar's tick).
+    check: a steered loop's stop check: called (traced) as
+      ``check(carry, index)`` after each chunk (``index`` counts chunks from
+      1); a non-zero result skips the chunks left (their ``ys`` rows stay
+      zeros) and is returned as a third result.
+    flush_steps: without ``check``, the taps of consecutive chunks are
+      flushed together, up to ``flush_steps`` steps and ``FLUSH_BYTES`` of
+      their values, after the ``after_chunk`` of each (a flush costs the
+      host far more than a tick). ``f`` is traced once more to size them.
+
+  Returns:
+    What ``jax.lax.scan`` returns (and, with ``check``, the reason the loop
+    stopped, 0 if it did not).
+  """
   check_callable(f, "hostcall.scan's body f")
   check_every(every)
   steps = scan_length(xs, length, "hostcall.scan")
@@ -245,8 +259,9 @@ def scan(f: Callable, init, xs=None, length: int | None = None,
     return out if check is None else (*out, jnp.int32(0))
   if reverse:
     flip = lambda t: jax.tree_util.tree_map(lambda a: jnp.flip(a, 0), t)
-    out = scan(f, init, flip(xs), length=length, unroll=unroll, every=every,
-               after_chunk=after_chunk, check=check, flush_steps=flush_steps)
+    out = chunked_scan(f, init, flip(xs), length=length, unroll=unroll,
+                       every=every, after_chunk=after_chunk, check=check,
+                       flush_steps=flush_steps)
     return (out[0], flip(out[1]), *out[2:])
 
   flushes = []
@@ -311,9 +326,59 @@ def scan(f: Callable, init, xs=None, length: int | None = None,
   return carry, ys
 
 
+def chunked_while(cond_fun: Callable, body_fun: Callable, init, count, *,
+                  steps: int | Callable,
+                  after_chunk: Callable | None = None,
+                  check: Callable | None = None) -> tuple:
+  """``lax.while_loop`` run as chunks of steps, with the hooks of
+  ``chunked_scan``.
+
+  Arguments:
+    cond_fun, body_fun, init: as for ``jax.lax.while_loop``.
+    count: the step count to start from (an int32 scalar: a loop's open's,
+      which makes the loop wait for it).
+    steps: a chunk's number of steps, at most: an int, or a function called
+      (traced) at each chunk's start that returns it (the host's pace).
+    after_chunk: called (traced) as ``after_chunk(count, carry)`` after each
+      chunk.
+    check: called (traced) as ``check((count, carry), index)`` after each
+      chunk (``index`` counts chunks from 1); a non-zero result ends the
+      loop there.
+
+  Returns:
+    ``(count, carry, reason)``: the steps run, the final carry, and the
+    reason the loop stopped (0: ``cond_fun`` ended it).
+  """
+  def chunk(state):
+    count, carry, checks, reason = state
+    size = steps() if callable(steps) else steps
+
+    def inner_cond(inner):
+      return (inner[0] < size) & cond_fun(inner[2])
+
+    def inner_body(inner):
+      j, count, carry = inner
+      return j + 1, count + 1, body_fun(carry)
+
+    _, count, carry = lax.while_loop(inner_cond, inner_body,
+                                     (jnp.int32(0), count, carry))
+    if after_chunk is not None:
+      after_chunk(count, carry)
+    if check is not None:
+      checks = checks + 1
+      reason = check((count, carry), checks)
+    return count, carry, checks, reason
+
+  count, carry, _, reason = lax.while_loop(
+      lambda state: cond_fun(state[1]) & (state[3] == 0), chunk,
+      (count, init, jnp.int32(0), jnp.int32(0)))
+  return count, carry, reason
+
+
 #: The most bytes of tap values a flush of several chunks holds on the device
-#: (see ``scan``'s ``flush_steps``), a vmap lane's: tracing cannot tell how
-#: many lanes a batching of the loop will have, so that the bound is small.
+#: (see ``chunked_scan``'s ``flush_steps``), a vmap lane's: tracing cannot
+#: tell how many lanes a batching of the loop will have, so that the bound
+#: is small.
 FLUSH_BYTES = 64 << 10
 
 

@@ -1,5 +1,6 @@
-"""``hostcall.control``'s loops and predicates, built on the progress loops
-(``progress``) and the stop checks (``control``)."""
+"""``hostcall.control``'s loops and predicates: a steered loop that no bar
+draws (a chunked loop, ``chunked.py``, whose site's spec is
+``loops.Undrawn``) and the stop checks' predicates."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from hostcall._apps import progress as _progress
-from hostcall._apps.control import LoopStatus
+from hostcall._apps import chunked as _chunked, loops as _loops, \
+    scan as _scan
+from hostcall._apps.control import LoopStatus, Stop, controls
+from hostcall._core.checks import check_callable
 
 
 def while_loop(cond_fun: Callable, body_fun: Callable, init_val, *,
@@ -48,10 +51,19 @@ def while_loop(cond_fun: Callable, body_fun: Callable, init_val, *,
     raise TypeError("hostcall.control.while_loop needs a reason to stop: "
                     "interruptible=True, time_limit= or stop_when=; without "
                     "one, use jax.lax.while_loop.")
-  return _progress.while_loop(cond_fun, body_fun, init_val, every=every,
-                              interruptible=interruptible,
-                              time_limit=time_limit, stop_when=stop_when,
-                              disable=True)
+  check_callable(cond_fun, "the while loop's cond_fun")
+  check_callable(body_fun, "the while loop's body_fun")
+  if every is not None:
+    _scan.check_every(every, ", or None for the default")
+  stop = Stop.of(interruptible, time_limit, stop_when)
+  if stop.interruptible:
+    controls.prepare_interruptible()
+  # No bar: its site's spec is Undrawn, which no drawing listener draws;
+  # it ticks only for its predicate.
+  site = _loops.invocations.site(_loops.Undrawn(_chunked.depth(),
+                                                stop.interruptible))
+  return _chunked.while_loop(site, stop, stop.stop_when is not None,
+                             cond_fun, body_fun, init_val, -1, every)
 
 
 def plateau(run, name: str, *, patience: int = 10, min_delta: float = 0.0,

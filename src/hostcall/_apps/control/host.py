@@ -11,7 +11,7 @@ import threading
 import time
 from typing import Any
 
-from hostcall._apps import bars as _bars
+from hostcall._apps import loops as _loops
 from hostcall._apps.control import states as _states
 from hostcall._apps.control.interrupts import Reaper, frame_waiting_for_the_loop
 from hostcall._apps.control.spec import FAILED, STOP_WHEN, LoopStatus, Stop
@@ -30,14 +30,14 @@ class _Failure:
     self.devices = {device}  # where host calls are skipped until it stops
 
 
-_ORPHAN = object()  # the key of a group no invocation of bars knows
+_ORPHAN = object()  # the key of a group the loops' registry does not know
 
 
 class _Group:
   """One invocation of a steered loop on this process's devices: from its
-  first device's open until every device of it has ended (``bars``'
-  release), so that a device that opens after its peers closed joins their
-  stop decision and their contained failure."""
+  first device's open until every device of it has ended (the loops'
+  ``on_release``), so that a device that opens after its peers closed
+  joins their stop decision and their contained failure."""
 
   __slots__ = ("id", "key", "handles", "failure", "opened")
 
@@ -48,7 +48,7 @@ class _Group:
     self.opened = time.monotonic()
 
 
-class _Controls(calls.Containment):
+class _Controls(calls.Containment, _loops.Listener):
   """The host side of every steered loop of the process; also what
   contains a failure inside one (``calls.Containment``): its devices, and
   those of other processes, stop at the next check instead of one device
@@ -98,9 +98,9 @@ class _Controls(calls.Containment):
   # -- opening and closing -------------------------------------------------
 
   def open(self, handle: int, stop: Stop, device=None) -> None:
-    # (A handle whose bar was closed before this open, by progress.close_all
+    # (A handle ended before this open, by progress.close_all
     # in another thread, runs in a group of its own, released at its close.)
-    group_key = _bars.bars.group_of(handle) or (_ORPHAN, handle)
+    group_key = _loops.invocations.group_of(handle) or (_ORPHAN, handle)
     if stop.interruptible:
       frame = frame_waiting_for_the_loop()
       if frame is not None:
@@ -160,8 +160,8 @@ class _Controls(calls.Containment):
       self.release(group.key)
 
   def release(self, group_key: tuple) -> None:
-    """Every device of the invocation ``group_key`` has ended (``bars``'
-    release hook): its group and stop state are forgotten. A failure it
+    """Every device of the invocation ``group_key`` has ended (its
+    ``on_release``): its group and stop state are forgotten. A failure it
     contained stays for the finishes still to come (a global view's
     devices finish after its one device closed the loop) until the next
     barrier, which reports it if none raised it."""
@@ -202,6 +202,15 @@ class _Controls(calls.Containment):
     if not failure.raised:
       failure.raised = True
       errors.postpone(failure.exc, "a host function in a steered loop")
+
+  # -- as a listener of the loops' invocations ----------------------------
+
+  def on_end(self, invocation, count, lanes, stopped, force) -> None:
+    del count, lanes, stopped, force
+    self.close(invocation.handle)
+
+  def on_release(self, group) -> None:
+    self.release(group)
 
   # -- failures: contained, then raised once every device stopped ---------
 
@@ -303,7 +312,6 @@ class _Controls(calls.Containment):
 
 
 controls = _Controls()
-_bars.bars.end_hooks.append(controls.close)
-_bars.bars.release_hooks.append(controls.release)
+_loops.invocations.listen(controls)
 add_barrier_hook(controls.after_barrier)
 calls.set_containment(controls)

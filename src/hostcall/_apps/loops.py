@@ -1,0 +1,425 @@
+"""The host side of every chunked loop (``invocations``): the registry of
+their invocations, which its listeners follow.
+
+A chunked loop (a progress loop, a steered loop, a body decorated by
+``track``) sends its events from the device (``bar_events.py``): *open*
+before its first step, a *tick* with the step count after each chunk of
+steps, *close* after its last step, and, for a ``while_loop`` the host
+paces, *pace* (how many steps to run before its next tick). Every device
+that runs the loop sends its own; the k-th invocation of a loop (its
+*site*) on one device is the k-th invocation on every other device, so that
+the devices of one invocation, its *group* ``(site, k)``, share a pace, a
+bar and a stop decision.
+
+``Invocations`` keeps them (handles, groups, paces) and tells its
+listeners, which register with ``listen``: a progress bar (``bars.Bars``:
+tqdm's drawing) and a steered loop's host side (``control.controls``). A
+loop that no bar draws (``hostcall.control.while_loop``) has a site whose
+spec is ``Undrawn``, which no drawing listener draws.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+import math
+import threading
+import time
+from typing import Any
+
+import numpy as np
+
+from hostcall._runtime import queue as _queue
+from hostcall._runtime.barriers import add_barrier_hook, barrier_started
+from hostcall._runtime.calls import add_abort_hook
+
+#: Seconds between two ticks that a while_loop's pace aims for (a bar
+#: redraws at most this often anyway).
+TICK_INTERVAL = 0.1
+
+#: The opener of an invocation whose open was queued (``hostcall.jit``'s
+#: programs, on one device, run one at a time: once the queue is delivered,
+#: an invocation such an open left open is the failing computation's).
+QUEUED = "queued"
+
+
+@dataclasses.dataclass(frozen=True)
+class Undrawn:
+  """The spec of a loop's site where no bar draws it
+  (``hostcall.control.while_loop``): its nesting depth and whether Ctrl-C
+  stops it tell its sites apart, as a bar's spec does. (The k-th
+  invocation of a site on each device is one invocation: loops that share
+  a site must not be counted apart, on a device that skips some, from those
+  of another site.)"""
+
+  position: int
+  interruptible: bool
+
+  total = None  # its steps are never known in advance
+
+
+class Invocation:
+  """One device's run of one invocation of a loop (what its handle names).
+
+  Attributes:
+    handle: the number the loop's events carry.
+    site: the loop's site; ``spec`` its spec (a ``bars.BarSpec``, or
+      ``Undrawn`` for a loop no bar draws).
+    device: the device that runs it.
+    group: ``(site, k)``: the invocation, shared by every device running it.
+    total: its number of steps, or None where unknown.
+    context: the open's call context (None outside one).
+    peers: this process's devices that run the invocation (shard_map, pmap).
+    opener: the thread that opened it (``QUEUED``: the open was queued).
+    opened: when (``time.monotonic()``).
+    steps: the steps ``step`` counted (a decorated body's).
+  """
+
+  __slots__ = ("handle", "site", "spec", "device", "group", "total",
+               "context", "peers", "opener", "opened", "steps")
+
+  def __init__(self, handle, site, spec, device, group, total, context,
+               peers, opener):
+    self.handle, self.site, self.spec, self.device = handle, site, spec, device
+    self.group, self.total, self.context = group, total, context
+    self.peers, self.opener = peers, opener
+    self.opened = time.monotonic()
+    self.steps = 0
+
+
+class Listener:
+  """What follows the invocations (every method is called under the
+  registry's lock, in the order the events happen; the default ignores
+  it)."""
+
+  def on_open(self, invocation: Invocation) -> None:
+    """A device opened ``invocation`` (raising refuses the open)."""
+
+  def on_tick(self, invocation: Invocation, count: int, lanes: int | None,
+              running: int | None) -> None:
+    """``invocation`` has run ``count`` steps (``lanes``: its vmap lanes;
+    ``running``: those still running a while_loop)."""
+
+  def on_end(self, invocation: Invocation, count: int | None,
+             lanes: int | None, stopped: bool, force: bool) -> None:
+    """``invocation`` ended on its device: by its close after ``count``
+    steps, or (``count`` None) ended without one (a counter at its total, a
+    failed computation, a barrier). ``stopped``: it stopped early;
+    ``force``: a barrier ends it, no other device will join it."""
+
+  def on_release(self, group: tuple[int, int]) -> None:
+    """Every device of the invocation ``group`` has ended (or never will)."""
+
+  def on_stale(self, opened_before: float) -> None:
+    """A barrier: every invocation opened before ``opened_before`` that no
+    device runs now (each has ended, or never will open it) is over."""
+
+
+class _Group:
+  """One invocation of a loop on this process's devices, until each that
+  runs it has ended: its devices share a pace and a stop decision."""
+
+  __slots__ = ("open", "ended", "expected", "opened")
+
+  def __init__(self):
+    self.open: set[int] = set()   # handles of devices running it now
+    self.ended: set = set()       # devices whose run of it has ended
+    # This process's devices that run it (shard_map, pmap), also those
+    # that have not opened it yet.
+    self.expected: set = set()
+    self.opened = time.monotonic()
+
+  def over(self) -> bool:
+    return not self.open and self.ended >= self.expected
+
+
+class EachAlone:
+  """``with each:`` around each of several steps: one that raises does not
+  stop the others (a bar that fails to close must not leave the others
+  open); ``raise_first()`` once all have run."""
+
+  def __init__(self):
+    self.failure: Exception | None = None
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, kind, failure, traceback):
+    if not isinstance(failure, Exception):
+      return None  # none, or an interrupt: it goes on
+    self.failure = self.failure or failure
+    return True
+
+  def raise_first(self) -> None:
+    if self.failure is not None:
+      raise self.failure
+
+
+class Invocations:
+  """Every chunked loop's invocations in this process; thread-safe (devices
+  call from their own threads)."""
+
+  #: Invocations waiting for a device that never opened them kept at most
+  #: (the oldest beyond are released), so that the registry stays flat
+  #: over any number of invocations; listeners keep as many.
+  KEPT = 1024
+
+  def __init__(self):
+    self._lock = threading.RLock()
+    self._listeners: list[Listener] = []
+    self._specs: dict[Any, int] = {}
+    self._by_site: list = []
+    self._counts: collections.Counter = collections.Counter()
+    # (site, device) -> the handle its latest open got.
+    self._latest: dict[tuple, int] = {}
+    # An open invocation's handle -> its Invocation.
+    self._open: dict[int, Invocation] = {}
+    self._handles = itertools.count(1)
+    # handle -> (when it last asked, steps it was given, answers it had);
+    # an invocation's group -> the paces given, in order.
+    self._paces: dict[int, tuple[float, int, int]] = {}
+    self._group_paces: dict[tuple, list[int]] = {}
+    self._steps: dict[tuple, int] = {}  # (site, device) -> track()'s handle
+    # group -> its _Group, until every device of it has ended.
+    self._running: collections.OrderedDict = collections.OrderedDict()
+
+  def listen(self, listener: Listener) -> None:
+    """``listener`` follows every invocation from now on."""
+    with self._lock:
+      if listener not in self._listeners:
+        self._listeners.append(listener)
+
+  def _tell(self, event: str, *args) -> None:
+    """Calls each listener's ``event``; one that raises does not keep the
+    others from it (the first failure is raised after)."""
+    each = EachAlone()
+    for listener in list(self._listeners):
+      with each:
+        getattr(listener, event)(*args)
+    each.raise_first()
+
+  def site(self, spec) -> int:
+    """The site number of a loop; equal specs share one (and a
+    compilation). ``spec``: its bar's ``BarSpec``, or ``Undrawn``."""
+    with self._lock:
+      if spec not in self._specs:
+        self._specs[spec] = len(self._by_site)
+        self._by_site.append(spec)
+      return self._specs[spec]
+
+  def spec(self, site: int):
+    """The spec of a site."""
+    with self._lock:
+      return self._by_site[site]
+
+  def open(self, site: int, device, total: int | None, context=None,
+           queued: bool = False) -> int:
+    """Opens (or joins, for another device) this device's next invocation
+    of the loop; returns the invocation's handle. ``queued``: the open was
+    queued (``hostcall.jit``), not made by the thread that runs the loop's
+    computation."""
+    with self._lock:
+      index = self._counts[(site, device)]
+      self._counts[(site, device)] += 1
+      handle = next(self._handles) & 0x7FFFFFFF
+      # This process's devices that run the loop (shard_map, pmap).
+      process = getattr(device, "process_index", 0)
+      peers = [d for d in getattr(context, "peers", ())
+               if getattr(d, "process_index", 0) == process]
+      invocation = Invocation(
+          handle, site, self._by_site[site], device, (site, index), total,
+          context, peers, QUEUED if queued else threading.get_ident())
+      for listener in list(self._listeners):
+        listener.on_open(invocation)  # a listener that refuses fails the open
+      self._open[handle] = invocation
+      self._latest[(site, device)] = handle
+      group = self._running.get(invocation.group)
+      if group is None:
+        group = self._running[invocation.group] = _Group()
+        self._release_forgotten()
+      group.open.add(handle)
+      group.expected.update(peers)
+      self._paces[handle] = (time.monotonic(), 0, 0)
+      return handle
+
+  def latest(self, site: int, device) -> int:
+    """The handle of this device's latest invocation of ``site`` (the one
+    a queued event of the site belongs to: see ``bar_events.LATEST``)."""
+    with self._lock:
+      return self._latest.get((site, device), -1)
+
+  def tick(self, handle: int, device, count: int, lanes: int | None = None,
+           running: int | None = None) -> None:
+    """The loop has run ``count`` steps on ``device``."""
+    del device
+    with self._lock:
+      invocation = self._open.get(handle)
+      if invocation is None:
+        return  # already ended
+      self._tell("on_tick", invocation, count, lanes, running)
+
+  def close(self, handle: int, device, count: int,
+            lanes: int | None = None, stopped: bool = False) -> None:
+    """The loop ended on ``device`` after ``count`` steps (``stopped``: a
+    steered loop stopped early)."""
+    del device
+    with self._lock:
+      self._end(handle, count=count, lanes=lanes, stopped=stopped)
+
+  def step(self, site: int, device, steps: int, lanes: int | None,
+           context=None) -> None:
+    """``steps`` more steps of a loop whose body alone is decorated: the
+    first opens an invocation, reaching the spec's total ends it."""
+    with self._lock:
+      handle = self._steps.get((site, device))
+      if handle is None or handle not in self._open:
+        handle = self._steps[(site, device)] = self.open(
+            site, device, self._by_site[site].total, context)
+      invocation = self._open[handle]
+      invocation.steps += steps
+      try:
+        self._tell("on_tick", invocation, invocation.steps, lanes, None)
+      finally:
+        total = invocation.total
+        if total is not None and invocation.steps >= total:
+          self._end(handle)
+
+  def pace(self, handle: int, device) -> int:
+    """How many steps a while_loop runs before its next tick: about
+    ``TICK_INTERVAL`` seconds' worth at the rate measured so far. Every
+    device of one invocation gets the same answers, in the same order (the
+    first to ask decides): a body that communicates (``psum``) must run the
+    same steps between two checks on each."""
+    del device
+    with self._lock:
+      now = time.monotonic()
+      then, steps, asked = self._paces.get(handle, (now, 0, 0))
+      invocation = self._open.get(handle)
+      answers = self._group_paces.setdefault(
+          None if invocation is None else invocation.group, [])
+      if asked < len(answers):
+        following = answers[asked]
+      else:
+        if steps == 0:
+          following = 1
+        else:
+          rate = steps / max(now - then, 1e-6)
+          following = int(min(max(rate * TICK_INTERVAL, 1), 2 * steps))
+        following = min(following, 1 << 30)
+        answers.append(following)
+      self._paces[handle] = (now, following, asked + 1)
+      return following
+
+  def group_of(self, handle: int) -> tuple[int, int] | None:
+    """``(site, index)`` of the invocation ``handle`` belongs to, while it
+    is open."""
+    with self._lock:
+      invocation = self._open.get(handle)
+      return None if invocation is None else invocation.group
+
+  def close_all(self, stopped: bool = False, thread: int | str | None = None,
+                opened_before: float | None = None) -> None:
+    """Ends the open invocations (those opened by ``thread``, or before
+    ``opened_before``, and every ``track`` counter): their loops ended
+    without closing them."""
+    each = EachAlone()
+    with self._lock:
+      counters = set(self._steps.values())
+      for handle, invocation in list(self._open.items()):
+        if thread is not None and invocation.opener != thread:
+          continue
+        if (opened_before is not None and invocation.opened >= opened_before
+            and handle not in counters):
+          continue
+        with each:
+          self._end(handle, stopped=stopped,
+                    force=opened_before is not None)
+      if opened_before is not None:
+        # An invocation still waiting for a device that never opened it
+        # (its computation failed first) once every other device has
+        # ended.
+        for group, waiting in list(self._running.items()):
+          if not waiting.open and waiting.opened < opened_before:
+            with each:
+              self._release(group)
+        with each:
+          self._tell("on_stale", opened_before)
+    each.raise_first()
+
+  def _release(self, group: tuple[int, int]) -> None:
+    """Every device of the invocation ``group`` has ended (or never will):
+    its paces and what listeners keep for it are forgotten."""
+    del self._running[group]
+    self._group_paces.pop(group, None)
+    self._tell("on_release", group)
+
+  def _release_forgotten(self) -> None:
+    # Waiting invocations (a device that never opened one: its computation
+    # failed) are released at the next barrier; without barriers, the
+    # oldest beyond a bound.
+    if len(self._running) <= self.KEPT:
+      return
+    for group, waiting in list(self._running.items()):
+      if len(self._running) <= self.KEPT:
+        break
+      if not waiting.open:
+        self._release(group)
+
+  def _end(self, handle: int, count: int | None = None,
+           lanes: int | None = None, stopped: bool = False,
+           force: bool = False) -> None:
+    """Ends an invocation on its device (``force``: the barrier's, no
+    device that has not opened it by then ever will)."""
+    invocation = self._open.pop(handle, None)
+    if invocation is None:
+      return
+    self._paces.pop(handle, None)
+    each = EachAlone()
+    with each:
+      self._tell("on_end", invocation, count, lanes, stopped, force)
+    group = self._running.get(invocation.group)
+    if group is not None:
+      group.open.discard(handle)
+      group.ended.add(invocation.device)
+      # (Forced by a barrier: not while another device runs it, in a
+      # computation another thread dispatched.)
+      if group.over() or (force and not group.open):
+        with each:
+          self._release(invocation.group)
+    each.raise_first()
+
+
+invocations = Invocations()
+
+
+def _computation_failed() -> None:
+  # Its loops will send no more events: deliver those already queued, then
+  # end what it opened (from the thread that runs it and now fails, or
+  # through the queue).
+  _queue.consumer.drain(timeout=5.0)
+  invocations.close_all(stopped=True, thread=threading.get_ident())
+  invocations.close_all(stopped=True, thread=QUEUED)
+
+
+def _after_barrier() -> None:
+  # A loop whose computation failed elsewhere never closed its invocation
+  # either: every computation started before the barrier has ended.
+  invocations.close_all(opened_before=barrier_started())
+
+
+add_abort_hook(_computation_failed)
+add_barrier_hook(_after_barrier)
+
+
+def lanes_of(context) -> int | None:
+  """The number of vmap lanes of a call, or None outside vmap."""
+  if context is None or not context.batch_levels:
+    return None
+  return math.prod(size for _, size in context.batch_levels)
+
+
+def last_count(counts: np.ndarray) -> int:
+  """The step count a tick reports: the furthest lane's."""
+  counts = np.asarray(counts)
+  return int(counts.max()) if counts.size else 0
