@@ -19,8 +19,8 @@ import contextlib
 import threading
 from typing import Any, Callable
 
-from hostcall._apps import bar_events as _events, control as _control, \
-    scan as _scan
+from hostcall._apps import (bar_events as _events, control as _control,
+                            scan as _scan)
 from hostcall._core import bind
 
 _INT32_MAX = 2**31 - 1
@@ -43,6 +43,7 @@ def depth() -> int:
   """How many chunked loops' bodies are being traced here (the row of a
   bar drawn for a loop traced now)."""
   return getattr(_local, "depth", 0)
+
 
 #: Steps whose buffered taps reach the host in one flush, at most, in a loop
 #: that is not steered (ticks stay every ``every`` steps): one flush costs
@@ -98,6 +99,7 @@ def while_loop(site: int, stop, ticks: bool, cond_fun: Callable,
     # A chunk counts its steps in int32: a larger ``every`` means one
     # chunk, as long as any loop the step count can follow.
     steps = min(every, _INT32_MAX)
+
   def body(carry):
     with nested():
       return body_fun(carry)

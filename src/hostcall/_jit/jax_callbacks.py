@@ -8,7 +8,9 @@ loop bodies, branches; see ``hostcall._core.rewriting``) into a hostcall
 debug or io call of the same primitive's own eager implementation: on the
 host, JAX formats, places the values on the CPU and calls the callback
 exactly as it does outside ``jit``, with the same ordering (an ordered one
-stays ordered) and JAX's failure log. ``first_kept`` names a call that
+stays ordered) and JAX's failure log. A print whose format reads NumPy
+values as it reads JAX's arrays is written without that placement
+(``_Printed``). ``first_kept`` names a call that
 stays, for the one warning ``hostcall.jit`` gives.
 """
 
@@ -96,8 +98,9 @@ _SAME_ATTRIBUTES = frozenset({"dtype", "shape", "ndim", "size", "real",
 def _formats_as_jax(fmt: str) -> bool:
   """Whether ``fmt`` writes the same text for NumPy values as for the
   ``jax.Array``s JAX's eager print hands it: ``str`` and format specs read
-  the same values (JAX's ``__str__`` and ``__format__`` are NumPy's), a
-  ``!r`` does not (``Array(...)`` against ``array(...)``)."""
+  the same values (JAX's ``__str__`` and ``__format__`` are NumPy's). A
+  ``!r`` (JAX's ``Array(...)``, which the printer only imitates) and any
+  other attribute take JAX's own path."""
   try:
     fields = list(string.Formatter().parse(fmt))
   except ValueError:
@@ -107,7 +110,7 @@ def _formats_as_jax(fmt: str) -> bool:
       continue
     if conversion not in (None, "s") or "{" in (spec or ""):
       return False
-    attributes = [part for part in name.replace("]", "").split(".")[1:]]
+    attributes = name.replace("]", "").split(".")[1:]
     if any(part.split("[")[0] not in _SAME_ATTRIBUTES for part in attributes):
       return False
   return True
@@ -143,8 +146,8 @@ class _Printed:
 
 def _printed_with_numpy(eqn) -> bool:
   params = eqn.params
-  return (eqn.primitive.name == "debug_print" and "fmt" in params
-          and "in_tree" in params and "static_args" in params
+  needed = {"fmt", "in_tree", "static_args", "np_printoptions"}
+  return (eqn.primitive.name == "debug_print" and needed <= set(params)
           and _formats_as_jax(params["fmt"])
           and not any(jax.dtypes.issubdtype(v.aval.dtype,
                                             jax.dtypes.extended)

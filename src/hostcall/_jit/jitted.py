@@ -28,11 +28,10 @@ from typing import Any, Callable
 import jax
 
 from hostcall import _jax_private
-from hostcall._runtime import native, queue
-from hostcall._runtime.deferred import deferred
-from hostcall._runtime import emission
 from hostcall._core.checks import check_callable
 from hostcall._jit import deferring, jax_callbacks, plan as replay_plan
+from hostcall._runtime import emission, native, queue
+from hostcall._runtime.deferred import deferred
 
 
 class HostcallJitWarning(UserWarning):

@@ -120,7 +120,7 @@ def _abstract_eval(order, *operands, returns, **_):
 def _lower(ctx, order, *operands, target, transforms, device_index, packed,
            returns):
   out = enqueue.emit_threaded(ctx, target, transforms, device_index,
-                                     order, list(operands), packed, returns)
+                              order, list(operands), packed, returns)
   return [out] if returns else []
 
 

@@ -1,9 +1,10 @@
 """The MLIR lowering of ``hostcall_p``: where the host function is called.
 
 ``lower`` is the primitive's lowering rule. It learns (``emission``) which
-device makes the call (a constant on one device or under ``jit``'s global view, where one
-chosen device calls; the partition id under ``shard_map``, one call per
-device), threads the ordering token of ordered calls, and emits one of:
+device makes the call (a constant on one device or under ``jit``'s global
+view, where one chosen device calls; the partition id under ``shard_map``,
+one call per device), threads the ordering token of ordered calls, and
+emits one of:
 
 * a synchronous call: JAX's runtime Python callback, which runs the host
   function while the computation waits (``emit_sync``);
@@ -59,7 +60,7 @@ def lower(ctx, *args, target, transforms, kind, result_avals, ordering,
   token = ctx.tokens_in.get(effect) if ordering in ORDERED else None
   if delivery == "async":
     token = enqueue.emit(ctx, target, contexts, token, operands,
-                                operand_avals, op_sharding)
+                         operand_avals, op_sharding)
     results = []
   else:
     results, token = emit_sync(ctx, target, contexts, token, operands,
