@@ -29,14 +29,14 @@ def _wait_for(condition, timeout=30.0):
     deadline -= 0.01
 
 
-def test_the_native_queue_is_used_wherever_it_can_be_had():
-  # Wherever hostcall is installed (which builds its native extension), the
-  # native queue; else the Python one (tested on its own with
-  # HOSTCALL_NATIVE=0).
-  from hostcall._runtime import native
-  can_have = (os.environ.get("HOSTCALL_NATIVE", "1") != "0"
-              and native.LIBRARY.installed())
-  assert hostcall.queue_stats()["native"] is can_have
+def test_the_device_queues_through_the_native_handler_unless_told_not_to():
+  # One queue, the native one; the device reaches it through the FFI
+  # handler, or through JAX's callbacks with HOSTCALL_NATIVE=0 (a platform
+  # without the handler; tested on its own below).
+  from hostcall._runtime import queue, queues
+  handlers = os.environ.get("HOSTCALL_NATIVE", "1") != "0"
+  assert hostcall.queue_stats()["native"] is handlers
+  assert type(queue.consumer.start()) is queues.NativeQueue
 
 
 def test_order_and_completeness_with_several_taps_a_step(recorder):
@@ -210,8 +210,9 @@ def test_pending_taps_are_delivered_at_exit(tmp_path, native):
   assert output.read_text().split() == [str(i) for i in range(1000)]
 
 
-def test_python_fallback_queue_keeps_order(tmp_path):
-  script = tmp_path / "fallback.py"
+def test_taps_pushed_by_python_callbacks_keep_order(tmp_path):
+  # HOSTCALL_NATIVE=0: the route of a platform without the FFI handler.
+  script = tmp_path / "pushed.py"
   script.write_text(textwrap.dedent("""
       import jax, hostcall
       from jax import lax

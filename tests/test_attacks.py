@@ -67,7 +67,7 @@ def test_every_dtype_crosses_a_tap(delivery):
       assert got[0].tobytes() == np.asarray(x).tobytes(), dtype
 
 
-def test_every_dtype_crosses_the_python_fallback_queue():
+def test_every_dtype_crosses_the_python_callback_route():
   names = [np.dtype(d).name for d in EVERY_DTYPE]
   _python(f"""
       import jax, jax.numpy as jnp, numpy as np, hostcall
@@ -335,8 +335,6 @@ def test_a_queued_call_python_cannot_read_is_reported_and_released(
                                    jnp.full((1000,), x), delivery="async"))
   f(0)
   hostcall.barrier()
-  if not hostcall.queue_stats()["native"]:
-    pytest.skip("the native queue is not in use")
   real, real_block = ctypes.string_at, queues._new_block
 
   def out_of_memory(address, size):
@@ -706,19 +704,24 @@ def test_the_queue_capacity_takes_any_integer(given):
 # --- 19. the native extension ---------------------------------------------------
 
 def _native_probe(extension, home):
-  """Whether the tap queue is native when hostcall's extension is the file
-  ``extension`` (a stand-in for a damaged install), and what was said."""
+  """What an asynchronous tap says when hostcall's extension is the file
+  ``extension`` (a stand-in for a damaged install), twice, and whether a
+  synchronous tap still runs."""
   proc = _python(f"""
-      import warnings, hostcall
+      import jax, hostcall
+      from hostcall import host_callback as hcb
       from hostcall._runtime import libraries
       libraries.extension_path = lambda: __import__("pathlib").Path(
           {str(extension)!r})
-      with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        native = hostcall.queue_stats()["native"]
-      print(native)
-      for w in caught:
-        print(w.category.__name__, w.message)
+      seen = []
+      jax.jit(lambda x: hcb.id_tap(lambda v, t: seen.append(int(v)), x))(3)
+      print(seen)
+      for attempt in range(2):
+        try:
+          jax.jit(lambda x: hcb.id_tap(lambda v, t: None, x,
+                                       delivery="async"))(3)
+        except libraries.HostcallNativeError as exc:
+          print(type(exc).__name__, exc)
       """, env={"HOSTCALL_NATIVE": "1", "HOME": str(home)})
   return proc.stdout
 
@@ -735,12 +738,11 @@ def _foreign_library() -> str:
 
 
 @pytest.mark.parametrize("damage", ["empty", "foreign"])
-def test_an_extension_that_does_not_load_falls_back_and_says_so(tmp_path,
-                                                                 damage):
+def test_an_extension_that_does_not_load_is_a_clear_error(tmp_path, damage):
   # Nothing is rebuilt or written at run time: a damaged install (an empty
   # file, as a full disk leaves, or a library without hostcall's functions,
-  # as an older build would lack a new one) means the Python queue and a
-  # warning that names the file and the fix, once.
+  # as an older build would lack a new one) means an error that names the
+  # file and the fix, at each use of the queue; synchronous taps still run.
   from hostcall._runtime import libraries
   installed = libraries.extension_path()
   if installed is None:
@@ -754,10 +756,10 @@ def test_an_extension_that_does_not_load_falls_back_and_says_so(tmp_path,
     shutil.copy(_foreign_library(), extension)
   before = sorted(tmp_path.rglob("*"))
   out = _native_probe(extension, home).splitlines()
-  assert out[0] == "False"
-  (said,) = [line for line in out[1:] if "tap queue" in line]
-  assert said.startswith("HostcallNativeWarning hostcall: the native tap "
-                         "queue is not available (")
+  assert out[0] == "[3]" and len(out) == 3 and out[1] == out[2]
+  said = out[1]
+  assert said.startswith("HostcallNativeError hostcall: the native tap "
+                         "queue is not available: ")
   assert f" loading {extension}: " in said
   assert ("reinstalling hostcall builds it again (`pip install .`, or "
           "`pip install -e .` in a source tree)") in said

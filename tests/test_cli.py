@@ -312,6 +312,6 @@ def test_info_says_why_a_source_tree_has_no_native_extension(tmp_path):
          f"with the hostcall imported from {src}; installing hostcall "
          "builds it (`pip install .`, or `pip install -e .` in a source "
          "tree)")
-  assert f"\nasync taps: pure Python fallback ({why})\n" in proc.stdout
+  assert f"\nasync taps: unavailable ({why})\n" in proc.stdout
   assert f"\nnative extension: not installed ({why})\n" in proc.stdout
   assert list(tmp_path.iterdir()) == []

@@ -256,7 +256,8 @@ def test_any_time_limit_up_to_infinity_runs_the_loop_to_its_end(loop, limit):
   assert int(carry) == 3000
 
 
-def test_huge_time_limits_work_with_the_python_queue_too():
+def test_huge_time_limits_work_on_the_python_callback_route_too():
+  # HOSTCALL_NATIVE=0: the checks and taps go through JAX's callbacks.
   proc = subprocess.run([sys.executable, "-c", textwrap.dedent("""
       import io, math, warnings, jax, hostcall
       warnings.simplefilter("ignore")
@@ -441,7 +442,7 @@ def test_a_second_ctrl_c_raises_keyboard_interrupt_as_before():
   assert "result" not in out
 
 
-def test_without_the_native_library_time_limits_and_predicates_still_stop():
+def test_on_the_python_callback_route_time_limits_and_predicates_stop():
   proc = subprocess.run([sys.executable, "-c", textwrap.dedent("""
       import io, warnings, jax, jax.numpy as jnp, hostcall
       warnings.simplefilter("ignore")

@@ -16,10 +16,6 @@ from hostcall import host_callback as hcb
 from hostcall._runtime import queue as asynchronous, queues
 from tests.test_async import _wait_for
 
-native_only = pytest.mark.skipif(
-    not hostcall.queue_stats()["native"],
-    reason="the Python fallback queue hands over every item at once")
-
 # Longer than any test's guard: a rule that failed to end the window would
 # show as a hang caught by the guard, not as a slow pass.
 FOREVER = 3600.0
@@ -65,7 +61,6 @@ def _tapping_loop(recorder, steps, size=1):
       recorder, jnp.full((size,), i), delivery="async"), c)[1], 0))
 
 
-@native_only
 def test_taps_that_trickle_in_are_delivered_in_one_trip(window, recorder):
   window(FOREVER)
   trips = hostcall.queue_stats()["trips"]
@@ -75,7 +70,6 @@ def test_taps_that_trickle_in_are_delivered_in_one_trip(window, recorder):
   assert hostcall.queue_stats()["trips"] == trips + 1
 
 
-@native_only
 def test_a_full_queue_ends_the_window(window, recorder):
   window(FOREVER)
   hostcall.set_queue_capacity(1 << 16)
@@ -90,7 +84,6 @@ def test_a_full_queue_ends_the_window(window, recorder):
   assert [v[0] for v in recorder.values] == list(range(400))
 
 
-@native_only
 def test_a_full_batch_ends_the_window(window, recorder):
   window(FOREVER)
   trips = hostcall.queue_stats()["trips"]
@@ -104,7 +97,6 @@ def test_a_full_batch_ends_the_window(window, recorder):
   assert hostcall.queue_stats()["trips"] == trips + 4
 
 
-@native_only
 def test_a_steered_loop_with_a_predicate_does_not_wait_out_the_window(
     window):
   window(FOREVER)

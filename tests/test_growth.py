@@ -5,8 +5,8 @@ A host function (and all it closes over) lives as long as the executables
 compiled from its call sites; every registry of the package stays the same
 size over any number of invocations; so do the process's threads and open
 file descriptors. The tests of the queue run in a fresh interpreter, once
-with the native queue and once with the Python one (``HOSTCALL_NATIVE=0``):
-the queue, and which of them is in use, belong to the process.
+with each route into the queue (its FFI handler; JAX's callbacks with
+``HOSTCALL_NATIVE=0``): the queue, and the route, belong to the process.
 """
 
 import gc

@@ -25,7 +25,7 @@ def mode(request, monkeypatch):
   """Every test runs both ways hostcall.jit takes a program's calls out."""
   if request.param == "queued":
     hostcall.barrier()  # the native queue started
-    if not jit_module._queues_on_this_device():
+    if not jit_module._queues_from_the_device():
       pytest.skip("no native tap queue here: calls become outputs")
   monkeypatch.setattr(jit_module, "mode",
                       "auto" if request.param == "queued" else "outputs")

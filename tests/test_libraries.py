@@ -16,9 +16,7 @@ from hostcall._runtime import emission, libraries, native as queue_native
 
 
 def _loaded(library):
-  if library.load() is None:
-    pytest.skip(f"the {library.what} library cannot be had here "
-                f"({library.error})")
+  library.load()   # raises where the extension cannot be loaded
   return library
 
 
@@ -74,7 +72,7 @@ def test_a_library_registers_its_handlers_for_each_platform_of_the_table(
       "rocm": emission.Platform(frozenset({"enqueue"})),
   })
   fresh = libraries.Library(source.name, source.signatures, source.handlers,
-                            source.what, source.fallback)
+                            source.what)
   assert fresh.load() is not None
   assert sorted(registered) == [("hostcall_control_check", "cpu"),
                                 ("hostcall_control_check", "cuda")]
@@ -103,43 +101,46 @@ def test_a_platform_is_one_row_of_the_table(monkeypatch, request):
   monkeypatch.setattr(jax, "default_backend", lambda: "fake")
   monkeypatch.setattr(jitted, "_QUEUED", None)
   deferred._host_buffers.cache_clear()
-  assert jitted._one_device_with_the_native_queue() is (
-      queue_native.load() is not None)
+  assert jitted._devices_with_the_native_queue() is queue_native.ffi()
   assert deferred._host_buffers() is False
   monkeypatch.setattr(emission, "PLATFORMS", {"fake": emission.Platform(
       host_buffers=True)})
   monkeypatch.setattr(jitted, "_QUEUED", None)
   deferred._host_buffers.cache_clear()
-  assert jitted._one_device_with_the_native_queue() is False
+  assert jitted._devices_with_the_native_queue() is False
   assert deferred._host_buffers() is True
 
 
-def test_a_missing_extension_falls_back_and_names_the_fix(monkeypatch):
+def test_a_missing_extension_is_a_clear_error_naming_the_fix(monkeypatch):
   monkeypatch.setattr(libraries, "EXTENSION", "hostcall._not_installed")
   monkeypatch.delenv("HOSTCALL_NATIVE", raising=False)
   source = queue_native.LIBRARY
   fresh = libraries.Library(source.name, source.signatures, source.handlers,
-                            source.what, source.fallback)
+                            source.what)
   assert not fresh.installed() and fresh.path() is None
-  with pytest.warns(libraries.HostcallNativeWarning) as caught:
-    assert fresh.load() is None
-  (warning,) = caught
-  message = str(warning.message)
+  with pytest.raises(libraries.HostcallNativeError) as raised:
+    fresh.load()
+  message = str(raised.value)
   assert message.startswith("hostcall: the native tap queue is not "
-                            "available (hostcall's native extension "
+                            "available: hostcall's native extension "
                             "hostcall._not_installed is not installed")
   assert "`pip install .`, or `pip install -e .` in a source tree" in message
-  assert fresh.status().startswith("pure Python fallback (hostcall's native")
-  assert fresh.load() is None   # said once
+  assert fresh.status().startswith("unavailable (hostcall's native")
+  with pytest.raises(libraries.HostcallNativeError) as again:
+    fresh.load()   # each use, the same words
+  assert str(again.value) == message and fresh.loaded() is None
 
 
-def test_hostcall_native_0_loads_nothing_and_says_nothing(monkeypatch,
-                                                          recwarn):
+def test_hostcall_native_0_loads_the_library_but_registers_no_handler(
+    monkeypatch):
   monkeypatch.setenv("HOSTCALL_NATIVE", "0")
+  registered = []
+  monkeypatch.setattr(jax.ffi, "register_ffi_target",
+                      lambda *args, **kwargs: registered.append(args))
   source = control_native.LIBRARY
   fresh = libraries.Library(source.name, source.signatures, source.handlers,
-                            source.what, source.fallback)
-  assert fresh.load() is None and fresh.loaded() is None
-  assert fresh.error == "disabled by HOSTCALL_NATIVE=0"
-  assert not [w for w in recwarn
-              if issubclass(w.category, libraries.HostcallNativeWarning)]
+                            source.what)
+  assert fresh.load() is not None and fresh.loaded() is not None
+  assert fresh.error is None and fresh.ffi is False and registered == []
+  assert "reached through JAX's callbacks (HOSTCALL_NATIVE=0" in (
+      fresh.status())

@@ -101,20 +101,14 @@ def test_ctrl_c_in_a_synchronous_tap_stops_the_loop_as_in_lax_scan(loop):
                   "sync") == expected
 
 
-@pytest.mark.parametrize("native", [True, False], ids=["native", "python"])
 def test_a_loop_opened_where_a_failure_is_contained_stops_at_its_first_check(
-    native, monkeypatch):
+    monkeypatch):
   # A steered loop nested in the chunk of one whose host function failed
   # (on the same device) inherits the failure: its first check stops it.
   from hostcall._apps.control import FAILED, Stop, host, native as library
   from hostcall._apps.control import states
   from hostcall._core.context import make_context
-  if not native:
-    stop_states = states.PythonStopStates()
-  elif library.load() is None:
-    pytest.skip("the native library cannot be built here")
-  else:
-    stop_states = states.NativeStopStates(library.load())
+  stop_states = states.StopStates(library.load())
   # Each its own invocation (a bar's (site, index)).
   monkeypatch.setattr(host._loops.invocations, "group_of",
                       lambda h: ("site", h))

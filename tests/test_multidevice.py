@@ -29,7 +29,7 @@ def test_multidevice_suite_passes_on_four_cpu_devices():
   _run([str(HERE / "multidevice"), f"--ignore={HERE / FAULT_MATRIX}"])
 
 
-@pytest.mark.parametrize("queue", ["native", "python"])
-def test_the_fault_matrix_holds_with_either_queue(queue):
+@pytest.mark.parametrize("route", ["ffi", "callbacks"])
+def test_the_fault_matrix_holds_on_either_route_into_the_queue(route):
   _run([str(HERE / FAULT_MATRIX)],
-       HOSTCALL_NATIVE="1" if queue == "native" else "0")
+       HOSTCALL_NATIVE="1" if route == "ffi" else "0")

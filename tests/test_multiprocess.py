@@ -208,8 +208,9 @@ ASYNC_FAULTS = pathlib.Path(__file__).parent / "multiprocess" / (
 
 
 def _launch_async_faults(tmp_path, mode, queue0="native"):
-  """Both processes of async_faults.py, process 0 on ``queue0``, process 1
-  on the other queue."""
+  """Both processes of async_faults.py, process 0 queueing by ``queue0``'s
+  route (``native``: the FFI handler; else JAX's callbacks), process 1 by
+  the other."""
   native = ["1", "0"] if queue0 == "native" else ["0", "1"]
   return _launch_pair(ASYNC_FAULTS, [mode, str(tmp_path)],
                       [{"HOSTCALL_NATIVE": n} for n in native])
@@ -217,9 +218,9 @@ def _launch_async_faults(tmp_path, mode, queue0="native"):
 
 def test_an_asynchronous_tap_raising_in_one_process_is_reported_there(
     tmp_path):
-  # Process 0 on the native queue, process 1 on the Python one; each
-  # process fails in one run and watches its peer fail in the other, so
-  # each queue plays each part.
+  # Process 0 queues through the FFI handler, process 1 through JAX's
+  # callbacks; each process fails in one run and watches its peer fail in
+  # the other, so each route plays each part.
   procs, outputs = _launch_async_faults(tmp_path, "raise")
   for i, (p, (out, err)) in enumerate(zip(procs, outputs)):
     assert p.returncode == 0, f"process {i}:\n{err[-4000:]}"

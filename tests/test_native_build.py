@@ -24,7 +24,7 @@ EXT_SUFFIX = sysconfig.get_config_var("EXT_SUFFIX")
 # An asynchronous tap, a steered loop, and which paths they took.
 _TAP = """
     import warnings
-    warnings.simplefilter("error")   # a fallback would warn: an error
+    warnings.simplefilter("error")   # any warning: an error
     import jax, jax.numpy as jnp, hostcall
     from hostcall import host_callback as hcb
     from hostcall._apps.control import controls

@@ -826,7 +826,7 @@ def report(name, run):
 
 from hostcall._jit import jitted as jit_module
 hostcall.barrier()  # the queue started
-print("queued", jit_module._queues_on_this_device(), flush=True)
+print("queued", jit_module._queues_from_the_device(), flush=True)
 
 for jit in (jax.jit, hostcall.jit):
   # A steered loop's checks wait for each tick's predicate.
@@ -874,8 +874,8 @@ def test_a_stream_or_format_that_raises_fails_its_bar_and_hangs_nothing():
   proc = subprocess.run([sys.executable, "-c", _FAILING_STREAMS],
                         capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
-  # Whether the program's hostcall.jit queues its calls (the native queue)
-  # or keeps them live (the Python queue).
+  # Whether the program's hostcall.jit queues its calls (the FFI handler)
+  # or keeps them live (JAX's callbacks).
   queued, *lines = proc.stdout.splitlines()
   queued = queued == "queued True"
   drawn = "50/50 "

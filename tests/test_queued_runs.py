@@ -16,7 +16,7 @@ from hostcall._jit import jitted as jit_module
 @pytest.fixture
 def queued():
   hostcall.barrier()  # the native queue started
-  if not jit_module._queues_on_this_device():
+  if not jit_module._queues_from_the_device():
     pytest.skip("no native tap queue here: calls become outputs")
 
 
@@ -169,13 +169,12 @@ def test_columns_refuse_rows_of_the_wrong_size():
     call_sites.read_columns("target", layouts, _packed(1, layouts, rows))
 
 
-def test_the_python_queue_hands_over_runs_of_one_site():
-  q = queues.PythonQueue(1 << 20)
-  for site in (4, 4, 9, 4):
-    q.push(site, [np.float32([site])])
-  runs = q.pop_batch(0.1)
+def test_items_are_handed_over_in_runs_of_one_site():
+  items = [(site, [np.float32([site])], None) for site in (4, 4, 9, 4)]
+  runs = queues.runs(items)
   assert [[item[0] for item in run] for run in runs] == [[4, 4], [9], [4]]
-  assert q.pop_batch(0.0) == []
+  assert [float(run[0][1][0][0]) for run in runs] == [4.0, 9.0, 4.0]
+  assert queues.runs([]) == []
 
 
 def test_a_kept_value_holds_its_own_bytes_not_the_batchs(queued):

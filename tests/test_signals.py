@@ -1,6 +1,7 @@
 """Signals and forks, for real: SIGINT and SIGTERM sent with os.kill to a
-subprocess that prints a marker where it waits for one, with the native
-queue and with the Python one (HOSTCALL_NATIVE=0)."""
+subprocess that prints a marker where it waits for one, with the device
+reaching the native queue and stop states through their FFI handlers and
+through JAX's callbacks (HOSTCALL_NATIVE=0, a platform without them)."""
 
 import os
 import pathlib
@@ -16,13 +17,12 @@ import pytest
 
 import hostcall
 from hostcall import host_callback as hcb
-from hostcall._apps.control import (controls, host as control_host,
-                                    states as control_states)
+from hostcall._apps.control import controls
 
 ROOT = pathlib.Path(__file__).parent.parent
 
-QUEUES = pytest.mark.parametrize("native", ["1", "0"], ids=["native",
-                                                            "python"])
+QUEUES = pytest.mark.parametrize("native", ["1", "0"], ids=["ffi",
+                                                            "callbacks"])
 
 
 def _start(code: str, native: str) -> subprocess.Popen:
@@ -60,8 +60,6 @@ _LOOPS = """
     import sys, time, jax, jax.numpy as jnp, numpy as np, hostcall
     from hostcall import host_callback as hcb
     from hostcall._apps.control import controls
-
-    NATIVE = hostcall.queue_stats()["native"]
 
     def say(*words):
       print(*words, flush=True)
@@ -117,10 +115,10 @@ _LOOPS = """
           every=10, interruptible=True, disable=True))()
     except jax.errors.JaxRuntimeError:
       say("failed")
-    if NATIVE:  # the computation's frame is watched, not the signal's arrival
-      deadline = time.monotonic() + 5
-      while controls.sigint_installed() and time.monotonic() < deadline:
-        time.sleep(0.001)
+    # The computation's frame is watched, not the signal's arrival.
+    deadline = time.monotonic() + 5
+    while controls.sigint_installed() and time.monotonic() < deadline:
+      time.sleep(0.001)
     ctrl_c("after-failure")
     during(20_001)
     ctrl_c("end")
@@ -130,9 +128,9 @@ _LOOPS = """
 @QUEUES
 def test_ctrl_c_before_during_between_and_after_interruptible_loops(native):
   lines = _signal_at_cues(_start(_LOOPS, native), signal.SIGINT)
-  # Without the native library the handler (a Python one) can be put back
-  # from the main thread only: after a failed loop, by the next Ctrl-C.
-  after_failure = "not-installed" if native == "1" else "installed"
+  # The library's handler is put back once the failed loop's frame is
+  # gone, on either route.
+  after_failure = "not-installed"
   assert lines == [
       "before not-installed ready", "before KeyboardInterrupt",
       "loop started", "during interrupted True",
@@ -143,23 +141,6 @@ def test_ctrl_c_before_during_between_and_after_interruptible_loops(native):
       f"after-failure {after_failure} ready", "after-failure KeyboardInterrupt",
       "loop started", "during interrupted True",
       "end not-installed ready", "end KeyboardInterrupt"]
-
-
-def test_the_python_handler_is_installed_once_however_many_loops_trace():
-  # A bound method is a new object at each access: `is` never found the
-  # handler installed, which then chained to itself (RecursionError).
-  before = signal.getsignal(signal.SIGINT)
-  python_controls = control_host._Controls(control_states.PythonStopStates())
-  try:
-    python_controls.prepare_interruptible()   # two loops traced
-    python_controls.prepare_interruptible()
-    assert python_controls.sigint_installed()
-    assert python_controls.states.previous_handler is before
-    with pytest.raises(KeyboardInterrupt):  # no loop runs: passed on
-      python_controls.states.on_sigint(signal.SIGINT, None)
-    assert signal.getsignal(signal.SIGINT) is before  # and put back
-  finally:
-    signal.signal(signal.SIGINT, before)
 
 
 @pytest.mark.parametrize("staged", [True, False], ids=["jit", "eager"])

@@ -25,14 +25,9 @@ FIRST, LATE = 3_000_001, 3_000_002  # handles no bar uses
 STOP = Stop.of(False, 3600.0, None)
 
 
-@pytest.fixture(params=["native", "python"])
-def controls(request, monkeypatch):
-  if request.param == "python":
-    stop_states = states.PythonStopStates()
-  elif library.load() is None:
-    pytest.skip("the native library cannot be built here")
-  else:
-    stop_states = states.NativeStopStates(library.load())
+@pytest.fixture
+def controls(monkeypatch):
+  stop_states = states.StopStates(library.load())
   monkeypatch.setattr(host._loops.invocations, "group_of", lambda handle: KEY)
   made = host._Controls(stop_states)
   yield made

@@ -1,7 +1,7 @@
 """Host calls on 4 devices where transformations compose (issue 39): a
 host function learns which block of the global array (or which part of a
 ``pmap``'s batch) it holds. (One failed ordered call failing only its own
-computation, JAX #37587: ``test_fault_matrix.py``, with either queue.)"""
+computation, JAX #37587: ``test_fault_matrix.py``, on either route into the queue.)"""
 
 import jax
 import jax.numpy as jnp

@@ -8,9 +8,10 @@ the next barrier raised, and that the next run works are asserted.
 (Steered loops: ``test_steering_faults.py``; two processes:
 ``tests/test_multiprocess.py``.)
 
-``tests/test_multidevice.py`` runs this file once with each queue (the
-native one, and the Python one with ``HOSTCALL_NATIVE=0``, which must be set
-before hostcall is imported); the fixture below checks which one runs.
+``tests/test_multidevice.py`` runs this file once with each route into
+the queue (the FFI handler, and JAX's callbacks with ``HOSTCALL_NATIVE=0``,
+which must be set before hostcall is imported); the fixture below checks
+which one runs.
 """
 
 import ctypes
@@ -38,8 +39,8 @@ NATIVE = os.environ.get("HOSTCALL_NATIVE", "1") != "0"
 
 @pytest.fixture(autouse=True, scope="module")
 def _the_queue_asked_for():
-  # The queue this run was asked for is the one in use (a missing compiler
-  # would silently test the Python queue twice).
+  # The route this run was asked for is the one in use: the FFI handler,
+  # or JAX's callbacks pushing into the same queue (HOSTCALL_NATIVE=0).
   assert hostcall.queue_stats()["native"] is NATIVE
 
 
@@ -139,7 +140,7 @@ def test_an_asynchronous_tap_raising_on_one_device_loses_no_tap(
   # later ones too.
   assert host.seen == TapHost.expected(n)
   # Large taps reach the host function as views on the native queue's
-  # blocks; small ones, and every tap of the Python queue, as copies.
+  # blocks; small ones, and every tap pushed by a Python callback, as copies.
   assert host.zero_copy == {NATIVE and size == "zero-copy"}
   # Later calls work, with nothing left over.
   host.failing_device = None

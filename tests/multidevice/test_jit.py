@@ -145,3 +145,24 @@ def test_an_inlined_jit_on_a_mesh_of_explicit_axes_is_as_under_jax_jit():
   assert got[0] == got[1]
   assert got[1][2] == [2.0 * (i + 1) for i in range(8)]
   assert got[1][3] == [list(np.arange(8.0))]
+
+
+@pytest.mark.parametrize("where", ["one device", "global view"])
+def test_an_earlier_programs_asynchronous_taps_come_first(where):
+  # A jax.jit program's asynchronous taps and a later hostcall.jit
+  # program's calls reach the host in the order the programs ran, on
+  # several devices too (issue 42: the later program's came first in most
+  # steps when its calls became outputs).
+  seen = []
+  tapped = jax.jit(lambda x: hcb.id_tap(
+      lambda v, t: seen.append(("A", int(np.asarray(v).ravel()[0]))), x,
+      delivery="async"))
+  later = hostcall.jit(lambda x: hcb.id_tap(
+      lambda v, t: seen.append(("B", int(np.asarray(v).ravel()[0]))), x))
+  place = ((lambda k: np.int32(k)) if where == "one device" else
+           (lambda k: jax.device_put(jnp.full((8,), k, jnp.int32), SHARDED)))
+  for k in range(200):
+    tapped(place(k))
+    later(place(k))
+  hostcall.barrier()
+  assert seen == [(name, k) for k in range(200) for name in "AB"]

@@ -14,7 +14,8 @@ step 300 of a long loop (a 64 KiB queue keeps the devices near their
 tap functions: the loop cannot end first); process 0 taps on, each tap
 written at once to OUT_DIR/taps-<process>.txt, until JAX's distributed
 service ends it.
-The queue (native or Python) is the one HOSTCALL_NATIVE asks for.
+The device reaches the native queue by the route HOSTCALL_NATIVE asks for
+(its FFI handler, or JAX's callbacks with 0).
 """
 
 import json

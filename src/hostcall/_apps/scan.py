@@ -265,7 +265,6 @@ def chunked_scan(f: Callable, init, xs=None, length: int | None = None,
     return (out[0], flip(out[1]), *out[2:])
 
   flushes = []
-  chunks_a_flush = 1
 
   def body(carry, x):
     # Taps of one step become extra outputs, stacked by the inner scan.
@@ -281,43 +280,63 @@ def chunked_scan(f: Callable, init, xs=None, length: int | None = None,
     flushes[:] = [FlushTarget.of(collector.signature())]
     return carry, (y, [v for _, vals, _ in collector.taps for v in vals])
 
-  def flush(taps, n):
-    """One host call delivers ``n`` steps of the body's buffered taps."""
+  def group(carry, xs_part, stack, n):
+    """Chunks of ``n`` steps, ``stack`` of them stacked (None: one, not
+    stacked), ``after_chunk`` after each; one host call flushes their
+    taps."""
+    def chunk(carry, xs_part):
+      carry, (ys, taps) = lax.scan(body, carry, xs_part, length=n,
+                                   unroll=unroll)
+      if stack is not None and after_chunk is not None:
+        after_chunk(carry, ys)
+      return carry, (ys, taps)
+
+    merge = lambda t: t if stack is None else jax.tree_util.tree_map(
+        lambda a: a.reshape(stack * n, *a.shape[2:]), t)
+    # A lone chunk runs as is: a scan of one would add a loop level to the
+    # plain loop's program.
+    carry, (ys, taps) = (chunk(carry, xs_part) if stack is None else
+                         lax.scan(chunk, carry, xs_part, length=stack))
     if taps:
-      bind(list(taps) + [jnp.int32(n)], target=flushes[0], kind="call")
-
-  def run(carry, xs_part, n):
-    carry, (ys, taps) = lax.scan(body, carry, xs_part, length=n,
-                                 unroll=unroll)
-    flush(taps, n)
-    if after_chunk is not None:
+      bind(merge(list(taps)) + [jnp.int32(n * (stack or 1))],
+           target=flushes[0], kind="call")
+    # A lone chunk ticks after its flush, so that the host has its taps by
+    # then; stacked ones tick as each ends, before the flush they share.
+    if stack is None and after_chunk is not None:
       after_chunk(carry, ys)
-    return carry, ys
+    return carry, merge(ys)
 
+  chunks_a_flush = None  # one, unless flush_steps groups them
   if check is not None:
-    run = _stoppable(run, check)
+    group = _stoppable(group, check)
     init = (init, jnp.int32(0), jnp.int32(0))  # carry, checks, reason
   elif flush_steps is not None and every < min(flush_steps, steps):
     chunks_a_flush = _chunks_a_flush(body, init, xs, every,
                                      min(flush_steps, steps))
 
-  full, rest = divmod(steps, every)
-  split = lambda t, lo, hi: jax.tree_util.tree_map(lambda a: a[lo:hi], t)
+  def part(lo, *lead):
+    """``xs`` from step ``lo``, shaped ``lead`` (a None: no axis)."""
+    lead = [d for d in lead if d is not None]
+    return None if xs is None else jax.tree_util.tree_map(
+        lambda a: a[lo:lo + math.prod(lead)].reshape(*lead, *a.shape[1:]), xs)
+
+  # One scan of whole groups, then what is left: fewer chunks than a group
+  # (a group still, to share a flush), and fewer steps than a chunk.
+  span = every * (chunks_a_flush or 1)
+  groups, (left, rest) = steps // span, divmod(steps % span, every)
   carry, ys_parts = init, []
-  if chunks_a_flush > 1:
-    carry, ys_parts = _grouped(body, carry, xs, full * every, every,
-                               chunks_a_flush, unroll, after_chunk, flush)
-  elif full:
-    chunked = jax.tree_util.tree_map(
-        lambda a: a[:full * every].reshape(full, every, *a.shape[1:]), xs)
-    carry, ys = lax.scan(lambda c, x: run(c, x, every), carry,
-                         chunked if xs is not None else None, length=full)
+  if groups:
+    carry, ys = lax.scan(lambda c, x: group(c, x, chunks_a_flush, every),
+                         carry, part(0, groups, chunks_a_flush, every),
+                         length=groups)
     ys_parts.append(jax.tree_util.tree_map(
-        lambda a: a.reshape(full * every, *a.shape[2:]), ys))
-  if rest:
-    carry, ys = run(carry, split(xs, full * every, steps)
-                    if xs is not None else None, rest)
-    ys_parts.append(ys)
+        lambda a: a.reshape(groups * span, *a.shape[2:]), ys))
+  lo = groups * span
+  for stack, n in ((left, every), (None, rest)):
+    if stack != 0 and n:
+      carry, ys = group(carry, part(lo, stack, n), stack, n)
+      ys_parts.append(ys)
+      lo += n * (stack or 1)
   ys = jax.tree_util.tree_map(lambda *p: jnp.concatenate(p), *ys_parts) \
       if len(ys_parts) > 1 else ys_parts[0]
   if check is not None:
@@ -382,73 +401,33 @@ def chunked_while(cond_fun: Callable, body_fun: Callable, init, count, *,
 FLUSH_BYTES = 64 << 10
 
 
-def _chunks_a_flush(body, init, xs, every: int, flush_steps: int) -> int:
-  """How many chunks of ``every`` steps one flush takes: ``flush_steps``
-  steps at most, and ``FLUSH_BYTES`` of the values a step's taps buffer
-  (known from tracing one step)."""
+def _chunks_a_flush(body, init, xs, every: int, flush_steps: int):
+  """How many chunks of ``every`` steps one flush takes (None: one):
+  ``flush_steps`` steps at most, and ``FLUSH_BYTES`` of the values a step's
+  taps buffer (known from tracing one step)."""
   x = (None if xs is None else
        jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(
            a.shape[1:], a.dtype), xs))
   try:
     taps = jax.eval_shape(lambda c, x: body(c, x)[1][1], init, x)
   except Exception:  # noqa: BLE001 - the loop's own trace says what fails
-    return 1
+    return None
   step_bytes = sum(math.prod(t.shape) * getattr(t.dtype, "itemsize", 8)
                    for t in taps)
-  if not step_bytes:
-    return 1
-  return max(1, min(flush_steps // every,
-                    FLUSH_BYTES // (step_bytes * every)))
+  count = step_bytes and min(flush_steps // every,
+                             FLUSH_BYTES // (step_bytes * every))
+  return count if count > 1 else None
 
 
-def _grouped(body, carry, xs, steps: int, every: int, chunks: int, unroll,
-             after_chunk, flush):
-  """The first ``steps`` steps (whole chunks of ``every``) as groups of
-  ``chunks`` chunks (and one of the chunks left): ``after_chunk`` after
-  each chunk, one flush of the group's taps after its last chunk. Returns
-  the carry and the ``ys`` of each group loop."""
-  def group(carry, xs_group, count):
-    def chunk(carry, xs_part):
-      carry, (ys, taps) = lax.scan(body, carry, xs_part, length=every,
-                                   unroll=unroll)
-      if after_chunk is not None:
-        after_chunk(carry, ys)
-      return carry, (ys, taps)
-
-    carry, (ys, taps) = lax.scan(chunk, carry, xs_group, length=count)
-    flat = lambda t: jax.tree_util.tree_map(
-        lambda a: a.reshape(count * every, *a.shape[2:]), t)
-    flush(flat(list(taps)), count * every)
-    return carry, flat(ys)
-
-  def stacked(lo, hi, *lead):
-    return None if xs is None else jax.tree_util.tree_map(
-        lambda a: a[lo:hi].reshape(*lead, every, *a.shape[1:]), xs)
-
-  groups, left = divmod(steps // every, chunks)
-  span = chunks * every
-  ys_parts = []
-  if groups:
-    carry, ys = lax.scan(lambda c, x: group(c, x, chunks), carry,
-                         stacked(0, groups * span, groups, chunks),
-                         length=groups)
-    ys_parts.append(jax.tree_util.tree_map(
-        lambda a: a.reshape(groups * span, *a.shape[2:]), ys))
-  if left:
-    carry, ys = group(carry, stacked(groups * span, steps, left), left)
-    ys_parts.append(ys)
-  return carry, ys_parts
-
-
-def _stoppable(run: Callable, check: Callable) -> Callable:
-  """``run`` (one chunk) skipped once ``check`` asked to stop: the carry
-  passes unchanged and the chunk's ``ys`` are zeros."""
-  def guarded(state, xs_part, n):
+def _stoppable(group: Callable, check: Callable) -> Callable:
+  """``group`` skipped once ``check`` asked to stop: the carry passes
+  unchanged and the group's ``ys`` are zeros."""
+  def guarded(state, xs_part, *shape):
     carry, checks, reason = state
 
     def go(operands):
       carry, xs_part = operands
-      carry, ys = run(carry, xs_part, n)
+      carry, ys = group(carry, xs_part, *shape)
       return carry, ys, check(carry, checks + 1)
 
     shapes = jax.eval_shape(lambda operands: go(operands)[1],

@@ -6,13 +6,12 @@ times a plain one. ``hostcall.jit`` compiles the same program with its
 deferrable host calls (see ``hostcall._jit.deferring``) taken out of its
 effects, so that dispatch runs it on the fast path:
 
-* on one CPU device with the native tap queue, each call is queued from
-  the device as the program runs (``hostcall._jit.threaded``: a custom
+* on CPU devices (one or several) with the native tap queue, each call is
+  queued from the device as the program runs (``hostcall._jit.threaded``: a custom
   call without a JAX effect, ordered by a value threaded through the
   program, ``lax.scan``, ``while_loop`` and ``cond`` included), and the
   queue's consumer thread delivers it, as it delivers asynchronous taps;
-* elsewhere (an accelerator, several devices), the calls' operands become
-  extra outputs, and the ``hostcall-deferred`` thread replays the calls
+* elsewhere (an accelerator), the calls' operands become extra outputs, and the ``hostcall-deferred`` thread replays the calls
   once those outputs are ready (``hostcall._runtime.deferred``).
 
 A program with a host call that cannot be taken out is compiled as
@@ -55,33 +54,34 @@ class _DeferredOutputs:
     return cls(packs, plan)
 
 
-#: Whether this process is one device of a platform whose row serves the
-#: native queue, with the extension loaded, found once (None until then):
-#: read by every call of ``hostcall.jit``.
+#: Whether this process's devices are of a platform whose row serves the
+#: native queue, with its FFI handlers registered, found once (None until
+#: then): read by every call of ``hostcall.jit``.
 _QUEUED: bool | None = None
 _dispatching_at_top_level = _jax_private.dispatching_at_top_level
 
 
-def _one_device_with_the_native_queue() -> bool:
+def _devices_with_the_native_queue() -> bool:
   global _QUEUED
   if _QUEUED is None:
     _QUEUED = (emission.serves(jax.default_backend(), "enqueue")
-               and jax.device_count() == 1 and native.load() is not None)
+               and native.ffi())
   return _QUEUED
 
 
-def _queues_on_this_device() -> bool:
-  """Whether programs are compiled for the one device of a process whose
-  platform serves the native queue (its row of ``emission.PLATFORMS``;
-  today a CPU): their deferrable calls are then queued from the program
-  itself without a JAX effect (``hostcall._jit.threaded``); elsewhere
-  (several devices, a platform without the handlers) they become
-  outputs."""
+def _queues_from_the_device() -> bool:
+  """Whether programs are compiled for the devices of a platform that
+  serves the native queue (its row of ``emission.PLATFORMS``; today a
+  CPU, one device or several): their deferrable calls are then queued from
+  the program itself without a JAX effect (``hostcall._jit.threaded``), in
+  the one queue that asynchronous taps of every other program go through,
+  so that the host gets them all in the order the devices made them;
+  elsewhere (a platform without the handlers) they become outputs."""
   return mode == "auto" and (_QUEUED if _QUEUED is not None
-                             else _one_device_with_the_native_queue())
+                             else _devices_with_the_native_queue())
 
 
-#: ``"auto"`` (queued where ``_queues_on_this_device`` says so) or
+#: ``"auto"`` (queued where ``_queues_from_the_device`` says so) or
 #: ``"outputs"`` (always deferred to outputs; for tests and comparison).
 mode = "auto"
 
@@ -124,7 +124,7 @@ class Jitted:
     queueing = self._queueing
 
     def jitted(*args, **kwargs):
-      if _dispatching_at_top_level() and _queues_on_this_device():
+      if _dispatching_at_top_level() and _queues_from_the_device():
         if not queue.consumer.started and not _starts(queue.consumer.start):
           return self._plain(*args, **kwargs)  # the interpreter exits
         # The barrier then waits for this program to have run.
@@ -157,7 +157,7 @@ class Jitted:
   @property
   def _active(self):
     """The ``jax.jit`` function a call of this one runs here."""
-    if _queues_on_this_device():
+    if _queues_from_the_device():
       return self._queueing
     return self._deferring
 
@@ -216,7 +216,10 @@ class Jitted:
       # in jax.jit's rerun.
       return self._fun(*args, **kwargs)
     closed, values, out_tree = self._trace(args, kwargs)
-    deferrable = self._deferrable(closed, queued=True)
+    # Across processes, each process makes its own calls during the
+    # program, as under jax.jit (a chosen device may be another process's).
+    deferrable = (None if jax.process_count() > 1
+                  else self._deferrable(closed, queued=True))
     if deferrable is not None:
       outs = deferring.evaluate_threaded(deferrable, values)
     else:

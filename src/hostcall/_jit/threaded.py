@@ -141,3 +141,6 @@ hostcall_threaded_p.def_abstract_eval(_abstract_eval)
 hostcall_threaded_p.def_impl(_impl)
 mlir.register_lowering(hostcall_threaded_p, _lower)
 _jax_private.keep_when_unused(hostcall_threaded_p)
+# Each call is told its device: the lowering needs the program's devices
+# (on several, the one a call was committed to).
+_jax_private.require_devices_during_lowering(hostcall_threaded_p)

@@ -12,7 +12,7 @@ postponed or carried into the runtime; ``barriers``: waiting for
 everything sent to the host; ``enqueue``: the emitter of queued taps;
 ``queue``: the bounded queue and its consumer thread; ``call_sites``: the
 call sites and the decoding of what they queued; ``queues``: the native
-queue and the Python fallback it reads; ``deferred``: the replay of
+queue it reads; ``deferred``: the replay of
 ``hostcall.jit``'s outputs; ``libraries``, ``native``: the native
 extension (``hostcall_queue.cc`` and the others, built when the package is
 installed), loaded.

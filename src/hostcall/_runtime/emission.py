@@ -4,17 +4,22 @@ Every call hostcall compiles (a synchronous call, a queued tap, a steered
 loop's stop check) is emitted either as an XLA FFI custom call into
 hostcall's native library (``"ffi"``: no Python, no GIL on the device's
 side) or as JAX's runtime Python callback (``"python"``). ``route`` decides,
-from the call's *handler* and the compilation's platform, the native
-library's presence and whether the program is a global view:
+from the call's *handler* and the compilation's platform, whether the
+native library's FFI handlers are registered (not with ``HOSTCALL_NATIVE=0``)
+and whether the program is a global view:
 
-=============  ========================  ==============  ===========  ======
-handler        platform                  native library  global view  emitted
-=============  ========================  ==============  ===========  ======
-``"call"``     any                       any             any          python
-``"enqueue"``  its row serves it         loaded          no           ffi
-``"check"``    its row serves it         loaded          no           ffi
-any            otherwise                                              python
-=============  ========================  ==============  ===========  ======
+=============  ========================  ============  ===========  ======
+handler        platform                  FFI handlers  global view  emitted
+=============  ========================  ============  ===========  ======
+``"call"``     any                       any           any          python
+``"enqueue"``  its row serves it         registered    no           ffi
+``"check"``    its row serves it         registered    no           ffi
+any            otherwise                                            python
+=============  ========================  ============  ===========  ======
+
+Either way a queued tap reaches the one native queue and a check the one
+set of native stop states: a Python callback pushes into the queue and
+polls the states through ctypes. There is no second, Python queue.
 
 A global view (``jit`` over several devices) gets Python callbacks: the
 SPMD partitioner drops a custom call's sharding, and one chosen device must
@@ -120,13 +125,13 @@ def detached_token(token):
   return hlo.after_all([token])
 
 
-def route(ctx, handler: str, native_loaded: bool) -> str:
+def route(ctx, handler: str, handlers_registered: bool) -> str:
   """``"ffi"`` or ``"python"``: how the call ``handler`` (``"call"``,
   ``"enqueue"``, ``"check"``) is emitted in the lowering context ``ctx``
   (see the module's table)."""
   platforms = list(ctx.module_context.platforms)
   if (len(platforms) == 1 and serves(platforms[0], handler)
-      and native_loaded
+      and handlers_registered
       and not global_view(ctx.module_context.axis_context)):
     return "ffi"
   return "python"

@@ -13,11 +13,14 @@ where pip put it (a wheel's or an editable install's site-packages) under
 a name that holds the Python version. Nothing is compiled, written or
 cached at run time.
 
-When the extension cannot be had (a source tree imported without being
-installed, a file that does not load) its component uses its Python
-implementation and says why once (a ``HostcallNativeWarning`` naming the
-fix); with ``HOSTCALL_NATIVE=0``, which asked for it, silently. ``hostcall
-info`` says which is used, and why, in both cases.
+Each mechanism has this one implementation. When the extension cannot be
+had (a source tree imported without being installed, a file that does not
+load), the first use of a component raises ``HostcallNativeError`` naming
+the fix; the host calls that need no native code (synchronous callbacks)
+still run. ``HOSTCALL_NATIVE=0`` loads the extension but registers none of
+its FFI handlers: every host call then takes JAX's callback path, as on a
+platform the emission table gives no handler (its Python callbacks reach
+the same native queue and stop states). ``hostcall info`` says which.
 
 Its FFI handlers are registered for every platform that the emission table
 (``emission.PLATFORMS``) gives them.
@@ -31,7 +34,6 @@ import importlib.util
 import os
 import pathlib
 import threading
-import warnings
 
 import jax
 
@@ -44,10 +46,10 @@ EXTENSION = "hostcall._native"
 INSTALL = "`pip install .`, or `pip install -e .` in a source tree"
 
 
-class HostcallNativeWarning(UserWarning):
-  """hostcall's native extension could not be loaded for one of its
-  components; that component's Python implementation is used instead
-  (slower, same guarantees)."""
+class HostcallNativeError(ImportError):
+  """hostcall's native extension could not be loaded: the asynchronous
+  queue, the steered loops' stop check and the metrics' number formatting
+  need it. The message names why and the fix."""
 
 
 def extension_path() -> pathlib.Path | None:
@@ -79,7 +81,6 @@ class Library:
     signatures: ``{C function: (argument types, result type)}``.
     handlers: ``{emission handler ("enqueue", "check"): FFI symbols}``.
     what: what it is, for messages ("tap queue").
-    fallback: what is used without it, for the warning.
 
   Example:
     >>> from hostcall._runtime import native
@@ -88,14 +89,17 @@ class Library:
   """
 
   def __init__(self, name: str, signatures: dict, handlers: dict,
-               what: str, fallback: str):
+               what: str):
     self.name = name
     self.signatures, self.handlers = signatures, handlers
-    self.what, self.fallback = what, fallback
+    self.what = what
     self._lock = threading.Lock()
     self._lib = None
     self._path: pathlib.Path | None = None
     self.error: str | None = None
+    #: Whether its FFI handlers are registered (not with
+    #: ``HOSTCALL_NATIVE=0``): the emission table's "handlers" column.
+    self.ffi = False
 
   def path(self) -> pathlib.Path | None:
     """The extension file this library is loaded from (or would be), or
@@ -119,38 +123,39 @@ class Library:
     return lib
 
   def load(self):
-    """The loaded library with its FFI handlers registered, or None (then
-    ``error`` says why)."""
+    """The loaded library, its FFI handlers registered unless
+    ``HOSTCALL_NATIVE=0``. Raises ``HostcallNativeError`` (each time, the
+    same words) where the extension cannot be loaded."""
     with self._lock:
-      if self._lib is not None or self.error is not None:
-        return self._lib
-      if os.environ.get("HOSTCALL_NATIVE", "1") == "0":
-        self.error = "disabled by HOSTCALL_NATIVE=0"
-        return None
-      path = extension_path()
-      try:
-        if path is None:
-          raise ModuleNotFoundError(missing())
-        lib = self._open(path)
-        for platform in emission.PLATFORMS:
-          for handler, symbols in self.handlers.items():
-            if emission.serves(platform, handler):
-              for symbol in symbols:
-                jax.ffi.register_ffi_target(
-                    symbol, jax.ffi.pycapsule(getattr(lib, symbol)),
-                    platform=platform)
-        self._lib, self._path = lib, path
-      except Exception as exc:  # noqa: BLE001 - any failure means: fall back
-        if isinstance(exc, ModuleNotFoundError):
-          self.error = str(exc)
-        else:
-          self.error = (f"{type(exc).__name__} loading {path}: {exc}; "
-                        f"reinstalling hostcall builds it again ({INSTALL})")
-        warnings.warn(
-            f"hostcall: the native {self.what} is not available "
-            f"({self.error}); {self.fallback}. `hostcall info` shows this "
-            "again.", HostcallNativeWarning, stacklevel=3)
+      if self._lib is None and self.error is None:
+        self._load()
+      if self._lib is None:
+        raise HostcallNativeError(
+            f"hostcall: the native {self.what} is not available: "
+            f"{self.error}")
       return self._lib
+
+  def _load(self) -> None:
+    path = extension_path()
+    try:
+      if path is None:
+        raise ModuleNotFoundError(missing())
+      lib = self._open(path)
+      register = os.environ.get("HOSTCALL_NATIVE", "1") != "0"
+      for platform in emission.PLATFORMS if register else ():
+        for handler, symbols in self.handlers.items():
+          if emission.serves(platform, handler):
+            for symbol in symbols:
+              jax.ffi.register_ffi_target(
+                  symbol, jax.ffi.pycapsule(getattr(lib, symbol)),
+                  platform=platform)
+      self._lib, self._path, self.ffi = lib, path, register
+    except Exception as exc:  # noqa: BLE001 - each says why, with the fix
+      if isinstance(exc, ModuleNotFoundError):
+        self.error = str(exc)
+      else:
+        self.error = (f"{type(exc).__name__} loading {path}: {exc}; "
+                      f"reinstalling hostcall builds it again ({INSTALL})")
 
   def loaded(self):
     """The library if ``load()`` has loaded it, else None."""
@@ -161,7 +166,13 @@ class Library:
     return extension_path() is not None
 
   def status(self) -> str:
-    """One line: the library in use, or why its fallback is."""
-    if self.load() is not None:
+    """One line: the library in use and how the device reaches it, or why
+    there is none."""
+    try:
+      self.load()
+    except HostcallNativeError:
+      return f"unavailable ({self.error})"
+    if self.ffi:
       return f"native (XLA FFI handler, {self._path})"
-    return f"pure Python fallback ({self.error})"
+    return (f"native ({self._path}), reached through JAX's callbacks "
+            "(HOSTCALL_NATIVE=0: no FFI handler registered)")

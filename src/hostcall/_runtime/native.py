@@ -42,21 +42,28 @@ LIBRARY = libraries.Library(
     handlers={"enqueue": ("hostcall_enqueue", "hostcall_enqueue_ordered",
                          "hostcall_enqueue_threaded",
                          "hostcall_enqueue_after")},
-    what="tap queue",
-    fallback="asynchronous taps use the pure-Python queue (same guarantees, "
-    "slower)")
+    what="tap queue")
 
 
 def load():
-  """The loaded queue library with its FFI handlers registered, or None."""
+  """The loaded queue library (its FFI handlers registered unless
+  ``HOSTCALL_NATIVE=0``); raises ``libraries.HostcallNativeError`` where
+  the extension cannot be loaded."""
   return LIBRARY.load()
 
 
 def status() -> str:
-  """One line: which tap queue is active, and why."""
+  """One line: the tap queue and how the device reaches it."""
   return LIBRARY.status()
 
 
 def loaded():
   """The library if it is loaded already, else None (never loads)."""
   return LIBRARY.loaded()
+
+
+def ffi() -> bool:
+  """Whether the device reaches the queue through its FFI handlers (not
+  with ``HOSTCALL_NATIVE=0``); loads the library."""
+  LIBRARY.load()
+  return LIBRARY.ffi

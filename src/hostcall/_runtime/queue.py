@@ -1,9 +1,9 @@
 """Asynchronous delivery: taps queued on the host, delivered by one thread.
 
 A tap in asynchronous mode does not call Python from the device computation.
-Its operands are copied into a bounded FIFO queue (the native XLA FFI
-handler of ``hostcall._runtime.native``, or a Python queue when that cannot be
-built) and the computation goes on; one consumer thread delivers the taps to
+Its operands are copied into a bounded FIFO queue (the native one of
+``hostcall._runtime.native``: by its XLA FFI handler, or by a Python callback
+where the emission table routes the call so) and the computation goes on; one consumer thread delivers the taps to
 their host functions in queue order, which is program order on each device.
 A full queue blocks the producer (back-pressure), never drops. ``barrier()``
 waits until everything queued so far is delivered; an ``atexit`` hook does
@@ -95,8 +95,8 @@ class Consumer:
     self._delivering = self._bypassing = False
 
   def start(self):
-    """Starts the queue (the native library built or loaded, the consumer
-    thread running) if it is not yet; returns it. Explicit: lowering an
+    """Starts the queue (the native library loaded, the consumer thread
+    running) if it is not yet; returns it. Explicit: lowering an
     asynchronous tap starts it, as does the first barrier that waits."""
     if self.forked:
       raise RuntimeError(
@@ -106,9 +106,7 @@ class Consumer:
           "of multiprocessing instead.")
     with self._lock:
       if self._queue is None:
-        lib = native.load()
-        started = (queues.NativeQueue(lib, self.capacity) if lib is not None
-                   else queues.PythonQueue(self.capacity))
+        started = queues.NativeQueue(native.load(), self.capacity)
         # Python 3.12 on starts no thread once the interpreter exits (an
         # exit handler's first call): then nothing is marked started, and
         # the RuntimeError says why.
@@ -131,8 +129,9 @@ class Consumer:
 
   @property
   def native(self) -> bool:
-    """Whether the started queue is the native one."""
-    return isinstance(self._queue, queues.NativeQueue)
+    """Whether the device reaches the started queue through the native
+    FFI handlers (else through JAX's Python callbacks)."""
+    return self._queue is not None and native.LIBRARY.ffi
 
   @property
   def is_consumer(self) -> bool:
@@ -418,7 +417,8 @@ def queue_stats() -> dict:
     ``producer_waits`` (times a tap waited for room), ``producers_waiting``
     (taps waiting now), ``trips`` (times the delivery thread took taps
     from the queue: see ``set_gather_window``) and ``native`` (whether the
-    C++ queue is in use).
+    device queues through the native FFI handlers: False with
+    ``HOSTCALL_NATIVE=0``, whose taps are pushed by JAX's callbacks).
 
   Example:
     >>> import hostcall

@@ -1,88 +1,16 @@
-"""The two queues asynchronous taps go through: the native one (C++,
-``hostcall_queue.cc``, read through ctypes) and the pure-Python fallback,
-both bounded in bytes, both handing items over in the order they came.
-``queue.Consumer`` owns one of them and the thread that delivers."""
+"""The queue asynchronous taps go through: the native one (C++,
+``hostcall_queue.cc``, read through ctypes), bounded in bytes, handing
+items over in the order they came, whether the device's FFI handler or a
+Python callback (``push``) queued them. ``queue.Consumer`` owns it and the
+thread that delivers."""
 
 from __future__ import annotations
 
-import collections
 import ctypes
 import itertools
 import operator
-import threading
 
 import numpy as np
-
-
-class PythonQueue:
-  """The fallback queue, bounded in bytes like the native one."""
-
-  def __init__(self, capacity: int):
-    self.capacity = capacity
-    self._items: collections.deque = collections.deque()
-    self._bytes = 0
-    self.pushed = 0
-    self.blocked = 0
-    self.trips = 0
-    self._cond = threading.Condition()
-    self.consumer: threading.Thread | None = None
-    self.waiting = 0
-    self._bypass = False
-
-  def become_consumer(self) -> None:
-    self.consumer = threading.current_thread()
-
-  def set_bypass(self, on: bool) -> None:
-    with self._cond:
-      self._bypass = on
-      self._cond.notify_all()
-
-  def set_capacity(self, capacity: int) -> None:
-    with self._cond:
-      self.capacity = capacity
-      self._cond.notify_all()  # a larger bound may let a producer through
-
-  def push(self, site: int, arrays: list) -> None:
-    size = sum(a.nbytes for a in arrays) + 64
-    with self._cond:
-      # The consumer never waits for room only it can free (a host function
-      # running a computation with asynchronous taps).
-      if (self._bytes and self._bytes + size > self.capacity
-          and not self._bypass
-          and threading.current_thread() is not self.consumer):
-        self.blocked += 1
-        self.waiting += 1
-        self._cond.wait_for(
-            lambda: self._bypass or not self._bytes
-            or self._bytes + size <= self.capacity)
-        self.waiting -= 1
-      self._items.append((site, arrays, size))
-      self._bytes += size
-      self.pushed += 1
-      self._cond.notify_all()
-
-  def hurry(self, delta: int) -> None:
-    """Nothing to do: this queue hands over every item at once."""
-
-  def pop_batch(self, timeout: float, gather: float = 0.0) -> list:
-    """The queued items in runs (see ``runs``; maybe none); this queue
-    does not gather (``gather`` is for the native one)."""
-    with self._cond:
-      if not self._cond.wait_for(lambda: self._items, timeout):
-        return []
-      items = list(self._items)
-      self._items.clear()
-      self.trips += 1
-      self._bytes -= sum(size for _, _, size in items)
-      self._cond.notify_all()
-    return runs([(site, arrays, None) for site, arrays, _ in items])
-
-  def stats(self) -> dict:
-    with self._cond:
-      return {"pushed": self.pushed, "queued": len(self._items),
-              "queued_bytes": self._bytes, "capacity": self.capacity,
-              "producer_waits": self.blocked, "producers_waiting": self.waiting,
-              "trips": self.trips}
 
 
 class NativeQueue:

@@ -41,8 +41,7 @@ def run(args) -> int:
   from hostcall._apps.metrics import registry
   from hostcall._apps.control import native as control_native
   from hostcall._core import delivery
-  from hostcall._runtime import native
-  from hostcall._runtime import libraries
+  from hostcall._runtime import libraries, native, queue
 
   print(f"hostcall {hostcall.__version__}")
   print(f"jax {jax.__version__}, jaxlib {jaxlib.__version__}, "
@@ -58,7 +57,8 @@ def run(args) -> int:
   print("native extension: " + (
       f"{extension} (built when hostcall was installed)" if extension
       else f"not installed ({libraries.missing()})"))
-  print(f"queue capacity: {hostcall.queue_stats()['capacity']} bytes")
+  # (Read without starting the queue, which needs the extension.)
+  print(f"queue capacity: {queue.consumer.capacity} bytes")
   print(f"default delivery: {delivery.current()}")
   widgets = _version("ipywidgets")
   print("notebook widgets: " + (

@@ -6,8 +6,9 @@ with ``interruptible=``, ``time_limit=`` or ``stop_when=``, or
 ``hostcall.control.while_loop``) runs in chunks of steps, as the progress
 loops do, and after each chunk asks "stop now?" (``check``). The answer
 comes from host state in about a microsecond (``states.StopStates``: the
-stop check's own native library, ``hostcall_control_check``; Python, and
-a Python callback for the check, where it cannot serve), so
+stop check's own native library, read by its FFI handler
+``hostcall_control_check``, or by a Python callback where the emission
+table gives the platform no handler), so
 the device waits for no Python: the host sets that state when Ctrl-C
 arrives, when the time limit passes (checked against the clock), or when a
 predicate run after each chunk's tick says so. The loop then skips what is

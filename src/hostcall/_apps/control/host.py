@@ -1,7 +1,7 @@
 """The host side of every steered loop of the process (``controls``): the
 invocations' groups and their handles, the predicates, and failures
-contained until every device stopped, over one ``StopStates`` (native, or
-Python where the library is missing; ``states.py``), chosen at first use."""
+contained until every device stopped, over the process's ``StopStates``
+(``states.py``), loaded at first use."""
 
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ class _Controls(calls.Containment, _loops.Listener):
 
   Arguments:
     stop_states: the ``StopStates`` the checks read; by default chosen at
-      first use (``states.choose``: native where the library loads).
+      first use (``states.choose``).
   """
 
   #: Failures of released invocations kept for finishes still to come (a
@@ -86,13 +86,13 @@ class _Controls(calls.Containment, _loops.Listener):
     if self._stop_states is None:
       with self._lock:
         if self._stop_states is None:
-          self._stop_states = _states.choose(self._reaper.reap)
+          self._stop_states = _states.choose()
     return self._stop_states
 
   @property
   def native(self) -> bool:
-    """Whether the checks are answered by the native library (which the
-    compiled check calls without Python)."""
+    """Whether the compiled check calls the stop states without Python
+    (their FFI handler is registered)."""
     return self.states.native
 
   # -- opening and closing -------------------------------------------------

@@ -29,12 +29,11 @@ LIBRARY = libraries.Library(
         "hostcall_control_predicates_open": ([], _i64),
     },
     handlers={"check": ("hostcall_control_check",)},
-    what="stop check",
-    fallback="steered loops check through Python callbacks (the same "
-    "behaviour, slower)")
+    what="stop check")
 
 
 def load():
-  """The loaded stop-check library with its FFI handler registered, or
-  None."""
+  """The loaded stop-check library (its FFI handler registered unless
+  ``HOSTCALL_NATIVE=0``); raises ``HostcallNativeError`` where the
+  extension cannot be loaded."""
   return LIBRARY.load()

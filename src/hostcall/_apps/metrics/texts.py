@@ -1,7 +1,8 @@
 """Columns of numbers as text for the metrics writers: NumPy's ``str()`` of
 each value (``block.column_texts``' words), formatted by the native extension
-(``hostcall_texts.cc``, built into it with the tap queue) when it is
-loaded, else by NumPy."""
+(``hostcall_texts.cc``, built into it with the tap queue). Only what it
+does not format (columns of other dtypes, a library built without
+floating-point ``std::to_chars``) is left to the caller's NumPy."""
 
 from __future__ import annotations
 
@@ -16,21 +17,6 @@ from hostcall._runtime import native
 #: The formatter's column kinds, by dtype.
 _KINDS = {np.dtype(np.int64): 0, np.dtype(np.float32): 1,
           np.dtype(np.float64): 2}
-
-_tried_loading = False
-
-
-def _library():
-  """The native library: loaded already, or loaded now where the
-  extension is installed (tried once)."""
-  global _tried_loading
-  lib = native.loaded()
-  if lib is None and not _tried_loading:
-    _tried_loading = True
-    if native.LIBRARY.installed():
-      lib = native.load()
-  return lib
-
 
 def _native_column(values: np.ndarray) -> np.ndarray | None:
   """``values`` (``block.plain``'s) as the formatter reads them, or None."""
@@ -69,9 +55,9 @@ class _Prepared:
 def _prepare(pieces: list[str], columns: list[np.ndarray]):
   """A ``_Prepared`` for ``columns``, or None where they cannot be
   formatted natively (see ``rows``)."""
-  lib = _library()
-  if lib is None or not columns:
+  if not columns:
     return None
+  lib = native.load()
   arrays = [_native_column(c) for c in columns]
   if any(a is None for a in arrays) or len({len(a) for a in arrays}) != 1:
     return None
@@ -82,10 +68,10 @@ def rows(pieces: list[str], columns: list[np.ndarray], json: bool
          ) -> bytes | None:
   """``pieces[0] value pieces[1] value ... pieces[-1]`` for each row of the
   1-D ``columns`` (of one length; ASCII ``pieces``, one more than columns);
-  non-finite floats as JSON writes them where ``json``. None where the
-  native formatter is not loaded or a column is not an int or float32/64
-  vector, or where the library was built without floating-point
-  ``std::to_chars``: the caller formats with NumPy then."""
+  non-finite floats as JSON writes them where ``json``. None where a
+  column is not an int or float32/64 vector, or where the library was
+  built without floating-point ``std::to_chars``: the caller formats with
+  NumPy then."""
   prepared = _prepare(pieces, columns)
   if prepared is None:
     return None
