@@ -1,4 +1,4 @@
-"""The metrics writers' native number formatting (``_apps/metrics/texts.py``,
+"""The metrics writers' native number formatting (``_runtime/texts.py``,
 ``hostcall_texts.cc``): NumPy's words for every value, at native speed, and
 NumPy's own formatting where the native one cannot."""
 
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from hostcall import metrics
-from hostcall._apps.metrics import texts
+from hostcall._runtime import texts
 
 
 @pytest.fixture

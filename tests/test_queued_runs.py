@@ -215,3 +215,52 @@ def test_a_kept_value_holds_its_own_bytes_not_the_batchs(queued):
       root = root.base
     assert root.nbytes <= 64, root.nbytes
     assert value.flags.aligned
+
+
+# (format, the step's arguments, whether a run is written at once)
+_RUN_PRINTS = [
+    ("x={} i={}!", lambda x, i: (x, i), True),
+    ("{}", lambda x, i: (x * 2,), True),
+    ("{} {} {}", lambda x, i: (i.astype(jnp.uint8), x, i), True),
+    ("x={:.3f}", lambda x, i: (x,), False),          # a format spec
+    ("flag {}", lambda x, i: (x > 1,), False),        # a bool
+    ("half {}", lambda x, i: (x.astype(jnp.bfloat16),), False),
+    ("row {}", lambda x, i: (jnp.stack([x, x]),), False),   # not 0-d
+    ("caf\u00e9 {}", lambda x, i: (x,), False),       # not ASCII
+]
+_RUN_VALUES = np.array([0.1, 1e20, -0.0, np.nan, np.inf, -np.inf, 3.0,
+                        1 / 3, 1e-7, 123456.789, 2.5, -7.0], np.float32)
+
+
+@pytest.mark.parametrize("fmt, arguments, at_once", _RUN_PRINTS,
+                         ids=[p[0] for p in _RUN_PRINTS])
+@pytest.mark.parametrize("flavour", ["jax", "hostcall"])
+def test_a_run_of_queued_prints_writes_what_jax_jit_writes(
+    queued, fmt, arguments, at_once, flavour, capfd, monkeypatch):
+  # A site's queued prints taken together are formatted in one native call
+  # where the format is plain {} fields of 0-d numbers: the same text as
+  # jax.jit's prints, call by call; other formats each call as before.
+  from hostcall._runtime import calls
+  print_ = jax.debug.print if flavour == "jax" else hostcall.debug_print
+
+  def step(x, i):
+    print_(fmt, *arguments(x, i))
+    return x + 1
+
+  written = []
+  run_lines = calls.run_lines
+  monkeypatch.setattr(calls, "run_lines", lambda *a: written.append(
+      run_lines(*a)) or written[-1])
+  texts = []
+  for jit in (jax.jit, hostcall.jit):
+    f = jit(step)
+    # Every call gathered into one batch: the barrier ends the window.
+    monkeypatch.setattr(queue.consumer, "gather", 3600.0)
+    for k, v in enumerate(_RUN_VALUES):
+      f(jnp.float32(v), jnp.int32(k))
+    jax.effects_barrier()
+    hostcall.barrier()
+    texts.append(capfd.readouterr().out)
+  assert len(texts[0].splitlines()) == len(_RUN_VALUES)
+  assert texts[1] == texts[0]
+  assert True in written if at_once else True not in written

@@ -1,7 +1,7 @@
 // hostcall's native extension, hostcall._native: one shared library built
 // when the package is installed (CMakeLists.txt), holding the tap queue
 // (_runtime/hostcall_queue.cc), the metrics writers' number formatting
-// (_apps/metrics/hostcall_texts.cc) and the steered loops' stop check
+// (_runtime/hostcall_texts.cc) and the steered loops' stop check
 // (_apps/control/hostcall_control.cc).
 //
 // Python never calls into this module: it is an (empty) extension module so

@@ -167,6 +167,14 @@ class HostTarget(KeyedFields):
     (``calls.run_each``)."""
     return lambda *flat_args: self.deliver(flat_args, context)
 
+  def lines_writer(self, context: CallContext):
+    """Where a run of this site's calls in ``context`` may be written at
+    once (``calls.run_lines``): an object with ``lines_of(columns)`` (the
+    text of every call, or None where it cannot say) and
+    ``write_lines(text)``; None where each call must run (the default)."""
+    del context
+    return None
+
   def vmap_method(self) -> str:
     """How a call with results is batched, or raise to refuse ``vmap``.
 

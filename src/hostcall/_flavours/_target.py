@@ -184,6 +184,16 @@ class CallbackTarget(CallTarget):
                               f"{self.flavour}: the callback {name!r}")
     return call
 
+  def lines_writer(self, context: CallContext):
+    if (self.flavour not in ("debug_print", "debug_callback")
+        or context.batch_levels
+        or context.gates or self.result_avals
+        or not is_positional(self.in_tree)):
+      return None
+    direct = getattr(type(self.callback), "direct_form", None)
+    printer = direct(self.callback) if direct is not None else None
+    return printer if hasattr(printer, "lines_of") else None
+
   def _call_once(self, flat, avals) -> list:
     args, kwargs = jax.tree_util.tree_unflatten(self.in_tree, flat)
     result = self.callback(*args, **kwargs)

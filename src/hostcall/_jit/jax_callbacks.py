@@ -134,8 +134,23 @@ class _Printed:
                               tuple(dict(params["np_printoptions"]).items()),
                               bool(params.get("has_placeholders", True)))
       self.write = _jax_private.flat_debug_callback(params, printer)
+      # A run of calls written at once (``lines_of``) where the values are
+      # the format's positional arguments, in order.
+      positional = jax.tree_util.tree_structure(
+          (tuple(range(len(eqn.invars))), {}))
+      if params["in_tree"] == positional and not params["static_args"]:
+        self._lines = printer
     self.eager = _Eager(eqn)
     self.__name__ = "debug_print"
+
+  _lines: debug.Printer | None = None
+
+  def lines_of(self, columns) -> str | None:
+    """The text of a run of calls at once, or None (``Printer``'s)."""
+    return None if self._lines is None else self._lines.lines_of(columns)
+
+  def write_lines(self, text: str) -> None:
+    self._lines.write_lines(text)
 
   def __call__(self, *args):
     try:

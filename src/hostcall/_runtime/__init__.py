@@ -13,7 +13,8 @@ everything sent to the host; ``enqueue``: the emitter of queued taps;
 ``queue``: the bounded queue and its consumer thread; ``call_sites``: the
 call sites and the decoding of what they queued; ``queues``: the native
 queue it reads; ``deferred``: the replay of
-``hostcall.jit``'s outputs; ``libraries``, ``native``: the native
+``hostcall.jit``'s outputs; ``texts``: columns of numbers as text, in one
+native call; ``libraries``, ``native``: the native
 extension (``hostcall_queue.cc`` and the others, built when the package is
 installed), loaded.
 """

@@ -147,6 +147,32 @@ def run_each(target: HostTarget, flats: Iterable, context: CallContext,
         _failed(target, exc, context)
 
 
+def run_lines(target: HostTarget, columns: list, context: CallContext
+              ) -> bool:
+  """Runs several queued calls of one call site at once where its host
+  function writes lines that can be formatted together (a print:
+  ``target.lines_writer``): one write for the run. False, nothing run,
+  where it cannot (then ``run_each`` runs each call). A failing write is
+  reported once for the run, as a call's failure."""
+  if not isinstance(context, CallContext):
+    return False  # (a context a device: partitioned calls run each)
+  writer = target.lines_writer(context)
+  if writer is None:
+    return False
+  try:
+    text = writer.lines_of(columns)
+  except Exception:  # noqa: BLE001 - each call then runs, failing in its words
+    text = None
+  if text is None:
+    return False
+  with calling(context, True):
+    try:
+      writer.write_lines(text)
+    except BaseException as exc:  # noqa: BLE001 - a tap must never kill the run
+      _failed(target, exc, context)
+  return True
+
+
 def is_host_function_entry(frame) -> bool:
   """Whether ``frame`` is where hostcall calls a host function (the frames
   above it are the function's, and whatever interrupts it)."""

@@ -1,7 +1,7 @@
 """The asynchronous queue's native library: ``hostcall_queue.cc`` (the
 ``hostcall_enqueue`` FFI handlers and the C functions the consumer calls)
-and the metrics writers' number formatting
-(``_apps/metrics/hostcall_texts.cc``), compiled into hostcall's native
+and the number formatting of ``texts.py``
+(``hostcall_texts.cc``), compiled into hostcall's native
 extension when the package is installed and loaded from it by
 ``_runtime/libraries.py`` on first use."""
 

@@ -261,7 +261,7 @@ class Consumer:
       stacked = [np.moveaxis(c, 0, rank) if rank else c for c in columns]
       calls.run(Steps(target, len(items)), stacked, contexts,
                 asynchronous=True)
-    else:
+    elif not calls.run_lines(target, columns, contexts):
       # Each call's arrays: views of the columns, 0-d for a scalar one.
       at = call_sites.indices(len(items))
       if len(columns) == 1:  # (the common call: no tuple a call)

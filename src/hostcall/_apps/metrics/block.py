@@ -15,7 +15,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from hostcall._apps.metrics import texts as texts_module
+from hostcall._runtime import texts as texts_module
 
 
 @dataclasses.dataclass

@@ -7,7 +7,8 @@ import json
 import os
 import pathlib
 
-from hostcall._apps.metrics import files, texts
+from hostcall._apps.metrics import files
+from hostcall._runtime import texts
 from hostcall._apps.metrics.block import (Block, column_texts, plain,
                                           python_values)
 from hostcall._apps.metrics.writer import Writer

@@ -1,5 +1,6 @@
-"""Columns of numbers as text for the metrics writers: NumPy's ``str()`` of
-each value (``block.column_texts``' words), formatted by the native extension
+"""Columns of numbers as text, for the metrics writers and for runs of
+queued prints: NumPy's ``str()`` of each value (``block.column_texts``'
+words), formatted by the native extension
 (``hostcall_texts.cc``, built into it with the tap queue). Only what it
 does not format (columns of other dtypes, a library built without
 floating-point ``std::to_chars``) is left to the caller's NumPy."""
