@@ -3,7 +3,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: venv demo test test-heavy test-compositions test-legacy test-matrix test-jax bench docs clean
+.PHONY: venv demo test test-heavy test-compositions test-jit-differential test-legacy test-matrix test-jax bench docs clean
 
 # One venv; each extra installed into it once, with its own stamp
 # (.venv/.installed-demo, .venv/.installed-test, ...), so that `make demo`
@@ -43,7 +43,7 @@ demo: $(VENV)/.installed-demo
 	$(BIN)/python -m hostcall demo
 
 # The suite prints a dot a test; say first how long it takes.
-TEST_MINUTES := 17
+TEST_MINUTES := 15
 test: $(VENV)/.installed-test
 	@echo "make test: about $(TEST_MINUTES) minutes on 2 CPU cores (fewer with more); one dot per test, F for a failure"
 	$(BIN)/python -m pytest -q -m "not heavy"
@@ -55,6 +55,11 @@ test-heavy: venv
 # (tests/test_composition_matrix.py; `make test` runs the rest): CI runs it.
 test-compositions: venv
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m heavy tests/test_composition_matrix.py
+
+# Every tap test program again under hostcall.jit, both its routes
+# (tests/test_jit_differential.py, about 4 minutes): CI runs it.
+test-jit-differential: venv
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m heavy tests/test_jit_differential.py
 
 # Re-runs tests/legacy's programs against jax 0.4.34's host_callback (built in
 # .venv-legacy on first use) and checks tests/legacy/expected_legacy.json.
