@@ -59,7 +59,7 @@ def test_demo_installs_only_the_demo_extra_and_starts_the_demo(checkout):
 def test_test_installs_the_test_extra_and_says_how_long(checkout):
   commands = _dry(checkout, "test")
   assert _installs(commands) == ["'.[test]'"]
-  assert "make test: about 17 minutes on 2 CPU cores" in commands
+  assert "make test: about 15 minutes on 2 CPU cores" in commands
 
 
 @pytest.mark.parametrize("first,then,installs", [
