@@ -177,7 +177,24 @@ def steered_loops(b: Bench) -> list[dict]:
            *b.paired(steered(disable=True, stop_when=lambda status: False),
                      repeats=repeats), 1.1,
            "the predicate runs after each tick"),
+      row("9. steered while_loop with a bar under hostcall.jit",
+           *b.paired(_steered_while(b.steps), repeats=repeats,
+                     base_fn=jax.jit(lambda x: jax.lax.while_loop(
+                         lambda c: c[0] < b.steps,
+                         lambda c: (c[0] + 1, matmul_step(c[1])),
+                         (0, x))[1]), delivered=True), 1.1,
+           "issue 42; ratio to the plain while_loop, every tick drawn"),
   ]
+
+
+def _steered_while(steps: int):
+  """A steered ``while_loop`` with a bar (``hostcall.progress.while_loop``
+  with a time limit, a tick and a check every 1% of ``steps``), under
+  ``hostcall.jit``."""
+  return hostcall.jit(lambda x: hostcall.progress.while_loop(
+      lambda c: c[0] < steps, lambda c: (c[0] + 1, matmul_step(c[1])),
+      (0, x), total=steps, every=max(1, steps // 100), time_limit=3600.0,
+      file=io.StringIO()).value[1])
 
 
 def backward_pass(b: Bench) -> list[dict]:

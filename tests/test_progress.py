@@ -1019,3 +1019,39 @@ def test_a_vmapped_while_loop_under_hostcall_jit_runs_each_lane_to_its_end(
                      "lanes 2" in out.getvalue())
   assert results["hostcall"] == results["jax"]
   assert results["jax"][0] == [3, 25] and results["jax"][2]
+
+
+@pytest.mark.parametrize("traced", [False, True], ids=["int", "traced"])
+def test_a_while_loops_bar_takes_tqdms_total(traced):
+  # tqdm's total= where the user knows how many steps the loop takes: the
+  # bar shows n/total (it raised "got multiple values for argument").
+  out = io.StringIO()
+
+  def run(limit):
+    return hostcall.progress.while_loop(
+        lambda c: c < limit, lambda c: c + 1, 0,
+        total=limit if traced else 40, file=out, mininterval=0)
+
+  value = jax.jit(run)(40) if traced else run(40)
+  hostcall.barrier()
+  assert int(value) == 40
+  assert "40/40" in out.getvalue()
+
+
+@pytest.mark.parametrize("total", [-1, 2.5, True, "10"])
+def test_a_while_loops_total_must_be_a_count(total):
+  with pytest.raises(TypeError, match=r"total= is the number of steps the "
+                     r"bar expects, an int >= 0 .* got " + re.escape(repr(total))):
+    hostcall.progress.while_loop(lambda c: c < 3, lambda c: c + 1, 0,
+                                 total=total)
+
+
+@pytest.mark.parametrize("loop", ["scan", "fori_loop"])
+def test_a_total_for_a_loop_that_knows_its_length_is_refused_clearly(loop):
+  run = {"scan": lambda: hostcall.progress.scan(
+      lambda c, x: (c + x, None), 0, jnp.arange(5), total=5),
+         "fori_loop": lambda: hostcall.progress.fori_loop(
+             0, 5, lambda i, c: c + i, 0, total=5)}[loop]
+  with pytest.raises(TypeError, match=r"the loop's length is the bar's total"
+                     r".* got total=5; leave it out"):
+    run()

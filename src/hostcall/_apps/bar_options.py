@@ -103,6 +103,11 @@ def spec(desc, total, unit, leave, file, all_processes, options, *,
          position: int) -> _bars.BarSpec:
   """A loop's bar, its options checked: ``position`` is the bar's row (the
   loop's nesting depth), ``options`` tqdm's further options."""
+  if "total" in options:
+    raise TypeError(
+        f"hostcall.progress: the loop's length is the bar's total (scan and "
+        f"fori_loop know it), got total={options['total']!r}; leave it out "
+        "(hostcall.progress.while_loop takes total= where you know it).")
   if "position" in options:
     raise TypeError(
         f"hostcall.progress sets a bar's position itself (nested progress "

@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from hostcall._apps import (bar_events as _events, bar_options as _bar_options,
                             chunked as _chunked, control as _control,
@@ -183,7 +184,8 @@ def fori_loop(lower, upper, body_fun: Callable, init_val, *,
 
 
 def while_loop(cond_fun: Callable, body_fun: Callable, init_val, *,
-               desc: str | None = None, every: int | None = None,
+               total=None, desc: str | None = None,
+               every: int | None = None,
                unit: str = "step", leave: bool | None = None, file=None,
                all_processes: bool = False, interruptible: bool = False,
                time_limit: float | None = None,
@@ -192,7 +194,9 @@ def while_loop(cond_fun: Callable, body_fun: Callable, init_val, *,
 
   Arguments and bar options as for ``hostcall.progress.scan``, except
   ``every``: default None lets the host pace the ticks (about ten a second,
-  whatever a step costs); an int fixes the steps between ticks.
+  whatever a step costs); an int fixes the steps between ticks. ``total``
+  (tqdm's): the steps the bar expects, where you know them (an int, or a
+  traced one); without it the bar counts with its rate.
 
   Returns:
     What ``jax.lax.while_loop`` returns.
@@ -209,7 +213,15 @@ def while_loop(cond_fun: Callable, body_fun: Callable, init_val, *,
     >>> hostcall.barrier(); "100step" in out.getvalue().replace(" ", "")
     True
   """
-  return _while(cond_fun, body_fun, init_val, -1, desc=desc, every=every,
+  if total is not None and not isinstance(total, jax.Array) and not (
+      isinstance(total, (int, np.integer)) and not isinstance(total, bool)
+      and total >= 0):
+    raise TypeError(
+        "hostcall.progress.while_loop: total= is the number of steps the "
+        f"bar expects, an int >= 0 (or a traced int); got {total!r}. Pass "
+        "an int, or leave it out to count without a total.")
+  return _while(cond_fun, body_fun, init_val,
+                -1 if total is None else total, desc=desc, every=every,
                 unit=unit, leave=leave, file=file,
                 all_processes=all_processes, interruptible=interruptible,
                 time_limit=time_limit, stop_when=stop_when, **tqdm_options)
