@@ -32,7 +32,8 @@ Public API:
 * ``hostcall.call_context()``: inside a host function, which device and
   process called it and under which transformations.
 * ``hostcall.CallbackException``, ``hostcall.CallContext``,
-  ``hostcall.fd_step``.
+  ``hostcall.fd_step``, ``hostcall.HostcallNativeError`` (the native
+  extension is missing: install hostcall).
 """
 
 from hostcall import (_jax_private, _notebook, control, host_callback, metrics,
@@ -46,6 +47,7 @@ from hostcall._runtime.queue import (queue_stats, set_gather_window,
                                      set_queue_capacity)
 from hostcall._core import CallContext, call_context
 from hostcall._runtime import CallbackException, barrier
+from hostcall._runtime.libraries import HostcallNativeError
 from hostcall._runtime.errors import (HostFunctionError, original_error,
                                       original_errors)
 from hostcall._derivatives.rules import HostFunction, fd_step
@@ -77,6 +79,7 @@ __all__ = [
     "CallbackException",
     "HostFunction",
     "HostFunctionError",
+    "HostcallNativeError",
     "__version__",
     "barrier",
     "call_context",

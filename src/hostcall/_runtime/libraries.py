@@ -48,8 +48,16 @@ INSTALL = "`pip install .`, or `pip install -e .` in a source tree"
 
 class HostcallNativeError(ImportError):
   """hostcall's native extension could not be loaded: the asynchronous
-  queue, the steered loops' stop check and the metrics' number formatting
-  need it. The message names why and the fix."""
+  queue, the steered loops' stop check and the number formatting of the
+  metrics writers need it (synchronous host calls do not). Raised at each
+  use of those; the message names why and the fix (installing hostcall,
+  which builds the extension).
+
+  Example:
+    >>> import hostcall
+    >>> issubclass(hostcall.HostcallNativeError, ImportError)
+    True
+  """
 
 
 def extension_path() -> pathlib.Path | None:
