@@ -1170,3 +1170,48 @@ def test_a_call_that_keeps_the_program_as_it_is_is_named_once(mode):
   assert message.startswith("hostcall.jit: program runs as jax.jit")
   assert "io_callback at " in message
   assert __file__ in message and "without results" in message
+
+
+# (name, a steered loop of x, what it returns to compare)
+_STEERED = {
+    "time limit": lambda x: hostcall.control.while_loop(
+        lambda c: c < 2**31 - 2, lambda c: c + 1, x, every=10_000,
+        time_limit=0.05),
+    "predicate": lambda x: hostcall.progress.scan(
+        lambda c, _: (c + 1, None), x, length=2000, every=100,
+        stop_when=lambda status: status.steps >= 300, disable=True),
+    "paced bar": lambda x: hostcall.progress.while_loop(
+        lambda c: c < 500, lambda c: c + 1, x, interruptible=True,
+        disable=True),
+    "ran to its end": lambda x: hostcall.progress.fori_loop(
+        0, 400, lambda i, c: c + i, x, every=50, time_limit=3600.0,
+        disable=True),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_STEERED))
+def test_a_steered_loop_takes_the_fast_path_and_stops_as_under_jax_jit(
+    mode, name, recwarn):
+  # A steered loop's open, pace and finish (calls the loop waits for) run
+  # live without a JAX effect, ordered by the threaded value (issue 42):
+  # the program has no effect, hostcall.jit says nothing, and the loop
+  # stops as under jax.jit. As outputs they keep the program as it is.
+  loop = _STEERED[name]
+  outs = []
+  for jit in (jax.jit, hostcall.jit):
+    out = jit(loop)(jnp.int32(0))
+    hostcall.barrier()
+    carry = jax.tree_util.tree_leaves(out.value)[0]
+    outs.append((bool(out.stopped), hostcall.control.reason_name(out.reason),
+                 int(out.steps) == int(carry) or name == "ran to its end"))
+  assert outs[1] == outs[0]
+  if name == "ran to its end":
+    assert int(carry) == sum(range(400)) and not bool(out.stopped)
+  if name == "predicate":
+    assert 300 <= int(out.steps) <= 400 and bool(out.stopped)
+  jitted = hostcall.jit(loop)._hostcall_jitted
+  effects = jax.make_jaxpr(jitted._active)(jnp.int32(0)).effects
+  warned = [w for w in recwarn
+            if issubclass(w.category, jit_module.HostcallJitWarning)]
+  assert bool(effects) is (mode == "outputs")
+  assert bool(warned) is (mode == "outputs")

@@ -46,6 +46,7 @@ class _BarQuestion(_BarEvent, CallTarget):
 
   site: int
   schedule = "live"
+  live_without_effect = True
 
   def vmap_method(self) -> str:
     return "broadcast_all"

@@ -108,6 +108,14 @@ class HostTarget(KeyedFields):
   #: for. A bar's open answers -1, "this device's latest invocation".
   queued_answer: int | None = None
 
+  #: For a ``"live"`` call: whether ``hostcall.jit``, queueing a program's
+  #: other calls on one device, may run this one live without a JAX
+  #: effect, ordered by the value threaded through the program instead
+  #: (``_jit/threaded``), so that the program still takes JAX's fast path:
+  #: a chunked loop's open, pace and finish, which its host side expects
+  #: while other calls of the program are still queued.
+  live_without_effect: bool = False
+
   #: The delivery this target asks for (``"async"`` for taps whose host side
   #: never needs to run before the computation goes on); None: the delivery
   #: in force when traced. ``hostcall.scan`` flushes asynchronously when

@@ -59,6 +59,8 @@ def _deferrable_call(eqn, queued: bool = False) -> bool:
   call whose target is ``deferrable``)."""
   params = eqn.params
   target = params["target"]
+  if _runs_live_without_effect(eqn, queued):
+    return True
   if params["partitioned"] or not all(_packable(v.aval) for v in eqn.invars):
     return False
   answers = params["kind"] == "call" and params["result_avals"]
@@ -67,6 +69,16 @@ def _deferrable_call(eqn, queued: bool = False) -> bool:
             and (not answers
                  or getattr(target, "queued_answer", None) is not None))
   return not answers and getattr(target, "deferrable", False)
+
+
+def _runs_live_without_effect(eqn, queued: bool) -> bool:
+  """Whether the host call ``eqn`` runs live in a queued program without a
+  JAX effect (``HostTarget.live_without_effect``): on one device only,
+  where a partitioned call is one call too."""
+  target = eqn.params["target"]
+  return (queued and getattr(target, "live_without_effect", False)
+          and not getattr(target, "queueable", False)
+          and jax.device_count() == 1)
 
 
 def _packable(aval) -> bool:
@@ -202,6 +214,19 @@ class _Recorder:
     else:
       threaded.end(self._order)
 
+  def live(self, eqn, invals) -> list:
+    """Stages the live call ``eqn`` in its place in the order; returns its
+    results."""
+    params = eqn.params
+    operands = [jnp.asarray(x, v.aval.dtype)
+                for x, v in zip(invals, eqn.invars)]
+    self._order, results = threaded.bind_live(
+        self.order, operands, target=params["target"],
+        transforms=params["transforms"],
+        device_index=params["device_index"],
+        result_avals=params["result_avals"])
+    return results
+
   def record(self, eqn, invals) -> None:
     params = eqn.params
     operands = [jnp.asarray(x, v.aval.dtype)
@@ -257,7 +282,10 @@ def _evaluate(jaxpr, consts, args, recorder: _Recorder) -> list:
     write(var, value)
   for eqn in jaxpr.eqns:
     invals = [read(v) for v in eqn.invars]
-    if eqn.primitive is hostcall_p and _deferrable_call(eqn, queued):
+    if eqn.primitive is hostcall_p and _runs_live_without_effect(eqn,
+                                                                  queued):
+      outs = recorder.live(eqn, invals)
+    elif eqn.primitive is hostcall_p and _deferrable_call(eqn, queued):
       recorder.record(eqn, invals)
       if eqn.params["kind"] == "tap":
         outs = invals

@@ -25,7 +25,7 @@ from jax.extend import core as jex_core
 from jax.interpreters import mlir
 
 from hostcall import _jax_private
-from hostcall._runtime import call_sites, enqueue
+from hostcall._runtime import call_sites, enqueue, lowering
 
 hostcall_threaded_p = jex_core.Primitive("hostcall_threaded")
 hostcall_threaded_p.multiple_results = True
@@ -124,6 +124,33 @@ def _lower(ctx, order, *operands, target, transforms, device_index, packed,
   return [out] if returns else []
 
 
+hostcall_threaded_live_p = jex_core.Primitive("hostcall_threaded_live")
+hostcall_threaded_live_p.multiple_results = True
+
+
+def bind_live(order, operands, *, target, transforms, device_index: int,
+              result_avals) -> tuple:
+  """Stages a live call of ``target`` (the program waits for its host
+  function, which may answer: ``HostTarget.live_without_effect``) after
+  the call that returned ``order``, without a JAX effect; returns the
+  value the next call takes and the call's results."""
+  order, *results = hostcall_threaded_live_p.bind(
+      order, *operands, target=target, transforms=transforms,
+      device_index=device_index, result_avals=tuple(result_avals))
+  return order, results
+
+
+def _abstract_eval_live(order, *operands, result_avals, **_):
+  del operands
+  return [order, *result_avals]
+
+
+def _lower_live(ctx, order, *operands, target, transforms, device_index,
+                result_avals):
+  return lowering.emit_threaded_live(ctx, target, transforms, device_index,
+                                     order, list(operands), result_avals)
+
+
 def _impl(*args, **params):
   raise NotImplementedError(
       "hostcall: hostcall_threaded is bound only inside hostcall.jit's "
@@ -144,3 +171,9 @@ _jax_private.keep_when_unused(hostcall_threaded_p)
 # Each call is told its device: the lowering needs the program's devices
 # (on several, the one a call was committed to).
 _jax_private.require_devices_during_lowering(hostcall_threaded_p)
+
+hostcall_threaded_live_p.def_abstract_eval(_abstract_eval_live)
+hostcall_threaded_live_p.def_impl(_impl)
+mlir.register_lowering(hostcall_threaded_live_p, _lower_live)
+_jax_private.keep_when_unused(hostcall_threaded_live_p)
+_jax_private.require_devices_during_lowering(hostcall_threaded_live_p)

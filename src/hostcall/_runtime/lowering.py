@@ -110,6 +110,28 @@ def emit_sync(ctx, target, contexts, token, operands, operand_avals,
   return results, token
 
 
+def emit_threaded_live(ctx, target, transforms, device_index: int, order,
+                       operands, result_avals) -> list:
+  """Emits a call that runs the host function while the computation waits
+  (as ``emit_sync``), ordered by the value ``order`` instead of a JAX
+  effect (``hostcall._jit.threaded``); returns the value the next call
+  takes, then the call's results."""
+  order_aval, *operand_avals = ctx.avals_in
+  device, _ = emission.caller(ctx, device_index)
+  run = _sync_callback(target, make_context(transforms, device),
+                       tuple(result_avals), after=False)
+  zero = np.zeros((), np.uint8)
+
+  def callback(_, *flat):
+    return (zero, *run(*flat))
+
+  results, _, _ = _jax_private.emit_python_callback(
+      ctx, callback, None, [order, *operands], [order_aval, *operand_avals],
+      [order_aval, *result_avals], has_side_effect=True,
+      returns_token=False)
+  return list(results)
+
+
 def emit_partitioned(ctx, args, target, transforms, ordering, delivery):
   """Emits one call per shard. No token can ride along: the call is
   unordered, and an ordered caller's token passes through unused."""
