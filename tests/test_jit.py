@@ -1215,3 +1215,60 @@ def test_a_steered_loop_takes_the_fast_path_and_stops_as_under_jax_jit(
             if issubclass(w.category, jit_module.HostcallJitWarning)]
   assert bool(effects) is (mode == "outputs")
   assert bool(warned) is (mode == "outputs")
+
+
+def test_a_steered_loop_whose_body_calls_the_host_stays_as_jax_jit_has_it(
+    mode):
+  # Its body's calls would be queued, their failure reaching the host after
+  # the loop's checks: the loop must stop at it (contained), as under
+  # jax.jit, so that such a program keeps its calls live, said once.
+  def fails_at_300(c):
+    if int(c) == 300:
+      raise ValueError("boom at 300")
+
+  def loop(x):
+    return hostcall.progress.scan(
+        lambda c, _: ((hostcall.debug_callback(fails_at_300, c), c + 1)[1],
+                      None),
+        x, length=3000, every=100, time_limit=3600.0, disable=True)
+
+  import warnings
+  for jit in (jax.jit, hostcall.jit):
+    with warnings.catch_warnings(record=True) as warned:
+      warnings.simplefilter("always")
+      with pytest.raises(jax.errors.JaxRuntimeError, match="boom at 300"):
+        jax.block_until_ready(jit(loop)(jnp.int32(0)))
+      hostcall.barrier()   # nothing more to raise
+    said = [str(w.message) for w in warned
+            if issubclass(w.category, jit_module.HostcallJitWarning)]
+    if jit is hostcall.jit and mode == "queued":
+      (message,) = said
+      # (The body's calls are buffered by the loop's chunks: named inside.)
+      assert "has a steered loop and host calls it would queue" in message
+      assert "debug_callback('fails_at_300')" in message
+
+
+def test_a_paced_bars_pace_reads_its_own_loop(mode):
+  # A bar's open is queued (it answers "the latest loop"): the pace that
+  # sizes a while_loop's chunks must then wait for the queue too, not run
+  # live before the open reached the host (it read the loop before).
+  from hostcall._apps import loops
+  seen = []
+  pace = loops.invocations.pace
+
+  def recording(handle, device):
+    seen.append(handle)
+    return pace(handle, device)
+
+  loops.invocations.pace = recording
+  try:
+    loop = hostcall.jit(lambda x: hostcall.progress.while_loop(
+        lambda c: c < 50, lambda c: c + 1, x, disable=True))
+    for _ in range(3):
+      assert int(loop(jnp.int32(0))) == 50
+      hostcall.barrier()
+  finally:
+    loops.invocations.pace = pace
+  assert seen and -1 not in seen
+  assert not loops.invocations._paces
+  assert None not in loops.invocations._group_paces

@@ -34,6 +34,9 @@ class _BarEvent:
   differentiate."""
 
   remat = "once"
+  #: One of a chunked loop's own events (``deferring`` tells them from the
+  #: calls a loop's body makes).
+  loop_event = True
 
   def __repr__(self):
     return f"progress.{type(self).__name__.lstrip('_').lower()}({self.site})"
@@ -223,9 +226,18 @@ class Step(_BarTap):
 class Pace(_BarQuestion):
   """A while_loop's question: how many steps until the next tick?"""
 
+  #: A steered loop's (whose open runs live, so that the pace finds its
+  #: handle); a bar's alone is asked as ``jax.jit`` asks it: its queued
+  #: open has not reached the host when a live pace would.
+  steered: bool = False
+
   # Answered where a failure is contained too: a chunk of no steps would
   # keep the failing device from its next check.
   containable = False
+
+  @property
+  def live_without_effect(self) -> bool:
+    return self.steered
 
   def deliver(self, flat_args, context):
     steps = _loops.invocations.pace(

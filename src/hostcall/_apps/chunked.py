@@ -90,7 +90,7 @@ def while_loop(site: int, stop, ticks: bool, cond_fun: Callable,
   the carry, or a ``control.Result`` of it where steered."""
   handle, count = _events.open_bar(site, total, stop)
   if every is None:
-    pace = _events.Pace(site)
+    pace = _events.Pace(site, steered=stop is not None)
 
     def steps():
       return bind([handle], target=pace, kind="call",

@@ -81,6 +81,35 @@ def _runs_live_without_effect(eqn, queued: bool) -> bool:
           and jax.device_count() == 1)
 
 
+def body_call_of_a_live_loop(jaxpr) -> str | None:
+  """Where a program has calls that would run live without an effect (a
+  steered loop's) and calls its loops' bodies make that would be queued:
+  the first of those, named; else None. Such a program stays as
+  ``jax.jit`` has it: a queued call's failure would reach the host after
+  the loop's checks, which must stop the loop at it."""
+  live, body = False, None
+  for eqn in _host_calls(jaxpr):
+    target = eqn.params["target"]
+    if (getattr(target, "live_without_effect", False)
+        and not getattr(target, "queueable", False)):
+      live = True
+    elif body is None and not getattr(target, "loop_event", False):
+      body = repr(target)
+  return body if live else None
+
+
+def _host_calls(jaxpr):
+  """Every host call of ``jaxpr``, at any depth."""
+  for eqn in _jaxpr_of(jaxpr).eqns:
+    if eqn.primitive is hostcall_p:
+      yield eqn
+      continue
+    for value in eqn.params.values():
+      for inner in (value if isinstance(value, (list, tuple)) else [value]):
+        if hasattr(_jaxpr_of(inner), "eqns"):
+          yield from _host_calls(inner)
+
+
 def _packable(aval) -> bool:
   dtype = getattr(aval, "dtype", None)
   # Numbers of every width (bfloat16, float8, int4 too) and booleans; not

@@ -6,12 +6,13 @@ times a plain one. ``hostcall.jit`` compiles the same program with its
 deferrable host calls (see ``hostcall._jit.deferring``) taken out of its
 effects, so that dispatch runs it on the fast path:
 
-* on CPU devices (one or several) with the native tap queue, each call is
-  queued from the device as the program runs (``hostcall._jit.threaded``: a custom
+* on one CPU device with the native tap queue, each call is queued from
+  the device as the program runs (``hostcall._jit.threaded``: a custom
   call without a JAX effect, ordered by a value threaded through the
   program, ``lax.scan``, ``while_loop`` and ``cond`` included), and the
   queue's consumer thread delivers it, as it delivers asynchronous taps;
-* elsewhere (an accelerator), the calls' operands become extra outputs, and the ``hostcall-deferred`` thread replays the calls
+* elsewhere (an accelerator, several devices), the calls' operands become
+  extra outputs, and the ``hostcall-deferred`` thread replays the calls
   once those outputs are ready (``hostcall._runtime.deferred``).
 
 A program with a host call that cannot be taken out is compiled as
@@ -54,31 +55,42 @@ class _DeferredOutputs:
     return cls(packs, plan)
 
 
-#: Whether this process's devices are of a platform whose row serves the
+#: Whether this process is one device of a platform whose row serves the
 #: native queue, with its FFI handlers registered, found once (None until
 #: then): read by every call of ``hostcall.jit``.
 _QUEUED: bool | None = None
 _dispatching_at_top_level = _jax_private.dispatching_at_top_level
 
 
-def _devices_with_the_native_queue() -> bool:
+def _one_device_with_the_native_queue() -> bool:
   global _QUEUED
   if _QUEUED is None:
     _QUEUED = (emission.serves(jax.default_backend(), "enqueue")
-               and native.ffi())
+               and jax.device_count() == 1 and _has_ffi_handlers())
   return _QUEUED
 
 
+def _has_ffi_handlers() -> bool:
+  """Whether the queue's FFI handlers are registered; False where the
+  extension is missing (the calls then become outputs, which need no
+  native code)."""
+  try:
+    return native.ffi()
+  except native.libraries.HostcallNativeError:
+    return False
+
+
 def _queues_from_the_device() -> bool:
-  """Whether programs are compiled for the devices of a platform that
-  serves the native queue (its row of ``emission.PLATFORMS``; today a
-  CPU, one device or several): their deferrable calls are then queued from
-  the program itself without a JAX effect (``hostcall._jit.threaded``), in
-  the one queue that asynchronous taps of every other program go through,
-  so that the host gets them all in the order the devices made them;
-  elsewhere (a platform without the handlers) they become outputs."""
+  """Whether programs are compiled for the one device of a process whose
+  platform serves the native queue (its row of ``emission.PLATFORMS``;
+  today a CPU): their deferrable calls are then queued from the program
+  itself without a JAX effect (``hostcall._jit.threaded``), in the one
+  queue that asynchronous taps of every other program go through;
+  elsewhere (several devices, whose CPU runtime does not run programs in
+  the order they were dispatched, so that no barrier could wait for
+  them; a platform without the handlers) they become outputs."""
   return mode == "auto" and (_QUEUED if _QUEUED is not None
-                             else _devices_with_the_native_queue())
+                             else _one_device_with_the_native_queue())
 
 
 #: ``"auto"`` (queued where ``_queues_from_the_device`` says so) or
@@ -189,8 +201,21 @@ class Jitted:
     says once which call kept it so."""
     rewritten = jax_callbacks.as_hostcalls(closed)
     verdict = deferring.analyse(rewritten, queued=queued)
-    if verdict:
+    body_call = (deferring.body_call_of_a_live_loop(rewritten)
+                 if verdict and queued else None)
+    if verdict and body_call is None:
       return rewritten
+    if body_call is not None and not self._warned:
+      self._warned = True
+      warnings.warn(
+          f"hostcall.jit: {getattr(self._fun, '__name__', 'the function')}"
+          f" runs as jax.jit runs it, because it has a steered loop and "
+          f"host calls it would queue ({body_call}): a queued call's "
+          "failure would reach the host after the loop's checks, which "
+          "must stop the loop at it. A steered loop alone (a bar, a time "
+          "limit, a predicate) takes the fast path; see "
+          "docs/performance.md.", HostcallJitWarning, stacklevel=2)
+      return None
     if verdict is None and not self._warned:
       self._warned = True
       rewritable = jax_callbacks.picker(rewritten)

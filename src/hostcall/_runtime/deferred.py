@@ -16,7 +16,7 @@ as a producer of the queue does; the thread itself, or any host function
 that calls a program, never waits.
 
 Programs that queue their calls from the device instead (``hostcall.jit``
-on CPU devices) have nothing here but ``settle_queued``: they carry no
+on one CPU device) have nothing here but ``settle_queued``: they carry no
 effect JAX would wait for, so a barrier first waits for them to have run.
 """
 
@@ -69,8 +69,9 @@ class Deferred:
     """Waits until the programs that queue their calls from the device,
     dispatched so far, have run (so that the queue holds their calls):
     they have no effect JAX would wait for, but a device runs programs in
-    the order they were dispatched, so one dispatched now on every local
-    device runs after them."""
+    the order they were dispatched, so one dispatched now runs after
+    them (one device: on several, the CPU runtime does not keep that
+    order, which is why ``hostcall.jit`` queues on one device only)."""
     if not self.queued_since_barrier or not _jax_private.is_top_level():
       return  # (while tracing, a program run here would be staged)
     self.queued_since_barrier = False
@@ -242,15 +243,7 @@ def _host_buffers() -> bool:
 
 @functools.cache
 def _settling_program():
-  """A program that runs on every local device (one block each)."""
-  devices = jax.local_devices()
-  if len(devices) == 1:
-    return jax.jit(lambda: jax.numpy.zeros((), np.uint8))
-  mesh = jax.sharding.Mesh(np.array(devices), ("devices",))
-  return jax.jit(
-      lambda: jax.numpy.zeros((len(devices),), np.uint8),
-      out_shardings=jax.sharding.NamedSharding(
-          mesh, jax.sharding.PartitionSpec("devices")))
+  return jax.jit(lambda: jax.numpy.zeros((), np.uint8))
 
 
 def _run_one(target, operands, context) -> None:
