@@ -1023,6 +1023,7 @@ def test_a_vmapped_while_loop_under_hostcall_jit_runs_each_lane_to_its_end(
 
 @pytest.mark.parametrize("traced", [False, True], ids=["int", "traced"])
 def test_a_while_loops_bar_takes_tqdms_total(traced):
+  # (NumPy's integers count too: np.int64(40) below, where not traced.)
   # tqdm's total= where the user knows how many steps the loop takes: the
   # bar shows n/total (it raised "got multiple values for argument").
   out = io.StringIO()
@@ -1030,7 +1031,7 @@ def test_a_while_loops_bar_takes_tqdms_total(traced):
   def run(limit):
     return hostcall.progress.while_loop(
         lambda c: c < limit, lambda c: c + 1, 0,
-        total=limit if traced else 40, file=out, mininterval=0)
+        total=limit if traced else np.int64(40), file=out, mininterval=0)
 
   value = jax.jit(run)(40) if traced else run(40)
   hostcall.barrier()
@@ -1038,10 +1039,12 @@ def test_a_while_loops_bar_takes_tqdms_total(traced):
   assert "40/40" in out.getvalue()
 
 
-@pytest.mark.parametrize("total", [-1, 2.5, True, "10"])
+@pytest.mark.parametrize("total", [-1, 2.5, True, "10", 2**40,
+                                   np.float32(3), np.arange(3)])
 def test_a_while_loops_total_must_be_a_count(total):
   with pytest.raises(TypeError, match=r"total= is the number of steps the "
-                     r"bar expects, an int >= 0 .* got " + re.escape(repr(total))):
+                     r"bar expects, an int from 0 to 2147483647 .* got "
+                     + re.escape(repr(total))):
     hostcall.progress.while_loop(lambda c: c < 3, lambda c: c + 1, 0,
                                  total=total)
 
