@@ -11,9 +11,13 @@ program and its ``lax.scan`` carries, as the removed ``host_callback``
 module threaded its tokens; successive programs run on the device in the
 order they were dispatched, so their calls reach the queue in that order.
 
-The equation is kept by JAX's dead-code elimination although nothing uses
-its result (``_jax_private.keep_when_unused``). It is bound only when a
-program is compiled; no transformation ever sees it.
+``hostcall_threaded_live_p`` is its live sibling: a call the program waits
+for (a steered loop's open, pace and finish: ``live_without_effect``),
+run as a JAX Python callback without a JAX effect, in the same order.
+
+The equations are kept by JAX's dead-code elimination although nothing
+uses their results (``_jax_private.keep_when_unused``). They are bound only
+when a program is compiled; no transformation ever sees them.
 """
 
 from __future__ import annotations
