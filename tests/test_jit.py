@@ -1272,3 +1272,33 @@ def test_a_paced_bars_pace_reads_its_own_loop(mode):
   assert seen and -1 not in seen
   assert not loops.invocations._paces
   assert None not in loops.invocations._group_paces
+
+
+def test_jaxs_callbacks_beside_hostcalls_are_taken_out_too(mode, capfd,
+                                                             recwarn):
+  # Code half moved to hostcall (its own prints and taps beside JAX's): the
+  # program still takes the fast path, its calls in the order written (JAX's
+  # were left in place, the warning naming "None").
+  def program(x):
+    hostcall.debug_print("hostcall {}", x)
+    jax.debug.print("jax {}", x + 1)
+    hcb.id_print(x + 2, what="tap")
+    jax.debug.callback(lambda v: print("callback", float(v)), x + 3)
+    return x * 2
+
+  texts = []
+  for jit in (jax.jit, hostcall.jit):
+    assert float(jit(program)(jnp.float32(1.0))) == 2.0
+    jax.effects_barrier()
+    hostcall.barrier()
+    texts.append(capfd.readouterr().out)
+  # The same lines; hostcall.jit's in program order (jax.jit lets XLA move
+  # unordered calls: documented).
+  assert sorted(texts[1].splitlines()) == sorted(texts[0].splitlines())
+  assert texts[1].splitlines() == ["hostcall 1.0", "jax 2.0", "what: tap",
+                                   "3.", "callback 4.0"]
+  effects = jax.make_jaxpr(hostcall.jit(program)._hostcall_jitted._active)(
+      jnp.float32(1.0)).effects
+  assert not effects   # queued, or as outputs: taken out either way
+  assert not [w for w in recwarn
+              if issubclass(w.category, jit_module.HostcallJitWarning)]

@@ -52,23 +52,26 @@ def effectful(eqn) -> bool:
              for e in eqn.effects)
 
 
-def plan(jaxpr, rewritten: Callable[[object], bool]) -> bool | None:
+def plan(jaxpr, rewritten: Callable[[object], bool],
+         passable: Callable[[object], bool] = lambda eqn: False
+         ) -> bool | None:
   """True where ``jaxpr`` (open or closed) holds an equation ``rewritten``
   picks that ``evaluate`` can reach, None where it holds another effectful
   equation that a rewrite cannot reach past (an effect of a primitive it
-  cannot rebuild), False where it holds neither."""
+  cannot rebuild, unless ``passable`` says it is bound again as it is),
+  False where it holds neither."""
   found = False
   for eqn in _open(jaxpr).eqns:
     if rewritten(eqn):
       found = True
       continue
-    if not (eqn.effects and effectful(eqn)):
+    if not (eqn.effects and effectful(eqn)) or passable(eqn):
       continue
     inner = inner_jaxprs(eqn)
     if not inner:
       return None
     for sub in inner:
-      verdict = plan(sub, rewritten)
+      verdict = plan(sub, rewritten, passable)
       if verdict is None:
         return None
       found |= verdict

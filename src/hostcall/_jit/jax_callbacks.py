@@ -26,6 +26,7 @@ import numpy as np
 
 from hostcall import _jax_private
 from hostcall._core import rewriting
+from hostcall._core.primitive import hostcall_p
 from hostcall._flavours import _stage, debug
 from hostcall._flavours.debug import stage_debug
 
@@ -209,7 +210,9 @@ def as_hostcalls(closed):
   hostcall call; ``closed`` itself where it holds none (or one past an
   effect the rewrite cannot reach)."""
   is_jax_callback = picker(closed)
-  if not rewriting.plan(closed, is_jax_callback):
+  # hostcall's own calls beside JAX's are bound again as they are.
+  if not rewriting.plan(closed, is_jax_callback,
+                        passable=lambda eqn: eqn.primitive is hostcall_p):
     return closed
   specs = [jax.ShapeDtypeStruct(a.shape, a.dtype,
                                 weak_type=getattr(a, "weak_type", False))
