@@ -71,43 +71,29 @@ def _deferrable_call(eqn, queued: bool = False) -> bool:
   return not answers and getattr(target, "deferrable", False)
 
 
+def runs_live(eqn) -> bool:
+  """Whether ``eqn`` is a host call that a queued program runs live
+  without a JAX effect (``HostTarget.live_without_effect``: a steered
+  loop's), where it runs on one device."""
+  target = eqn.params.get("target")
+  return (eqn.primitive is hostcall_p
+          and getattr(target, "live_without_effect", False)
+          and not getattr(target, "queueable", False))
+
+
+def is_loop_body_call(eqn) -> bool:
+  """Whether ``eqn`` is a host call other than a chunked loop's own events
+  (one its body makes). With a call that ``runs_live`` beside it, a
+  program stays as ``jax.jit`` has it: a queued call's failure would reach
+  the host after the loop's checks, which must stop the loop at it."""
+  return (eqn.primitive is hostcall_p and not runs_live(eqn)
+          and not getattr(eqn.params["target"], "loop_event", False))
+
+
 def _runs_live_without_effect(eqn, queued: bool) -> bool:
-  """Whether the host call ``eqn`` runs live in a queued program without a
-  JAX effect (``HostTarget.live_without_effect``): on one device only,
-  where a partitioned call is one call too."""
-  target = eqn.params["target"]
-  return (queued and getattr(target, "live_without_effect", False)
-          and not getattr(target, "queueable", False)
-          and jax.device_count() == 1)
-
-
-def body_call_of_a_live_loop(jaxpr) -> str | None:
-  """Where a program has calls that would run live without an effect (a
-  steered loop's) and calls its loops' bodies make that would be queued:
-  the first of those, named; else None. Such a program stays as
-  ``jax.jit`` has it: a queued call's failure would reach the host after
-  the loop's checks, which must stop the loop at it."""
-  live, body = False, None
-  for eqn in _host_calls(jaxpr):
-    target = eqn.params["target"]
-    if (getattr(target, "live_without_effect", False)
-        and not getattr(target, "queueable", False)):
-      live = True
-    elif body is None and not getattr(target, "loop_event", False):
-      body = repr(target)
-  return body if live else None
-
-
-def _host_calls(jaxpr):
-  """Every host call of ``jaxpr``, at any depth."""
-  for eqn in _jaxpr_of(jaxpr).eqns:
-    if eqn.primitive is hostcall_p:
-      yield eqn
-      continue
-    for value in eqn.params.values():
-      for inner in (value if isinstance(value, (list, tuple)) else [value]):
-        if hasattr(_jaxpr_of(inner), "eqns"):
-          yield from _host_calls(inner)
+  """``runs_live`` in a queued program, on one device only (where a
+  partitioned call is one call too)."""
+  return queued and runs_live(eqn) and jax.device_count() == 1
 
 
 def _packable(aval) -> bool:

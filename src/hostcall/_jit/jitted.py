@@ -198,11 +198,18 @@ class Jitted:
   def _deferrable(self, closed, queued: bool):
     """The program to defer the host calls of (``closed``, JAX's own
     callbacks made hostcall's), or None where it must run as it is; then
-    says once which call kept it so."""
+    says once which call kept it so. Across processes, None: each process
+    makes its own calls during the program, as under jax.jit (a deferred
+    value, or a chosen device, may be another process's)."""
+    if jax.process_count() > 1:
+      return None
     rewritten = jax_callbacks.as_hostcalls(closed)
     verdict = deferring.analyse(rewritten, queued=queued)
-    body_call = (deferring.body_call_of_a_live_loop(rewritten)
-                 if verdict and queued else None)
+    body_call = None
+    if (verdict and queued
+        and jax_callbacks.first_kept(rewritten, deferring.runs_live)):
+      body_call = jax_callbacks.first_kept(rewritten,
+                                           deferring.is_loop_body_call)
     if verdict and body_call is None:
       return rewritten
     if body_call is not None and not self._warned:
@@ -241,10 +248,7 @@ class Jitted:
       # in jax.jit's rerun.
       return self._fun(*args, **kwargs)
     closed, values, out_tree = self._trace(args, kwargs)
-    # Across processes, each process makes its own calls during the
-    # program, as under jax.jit (a chosen device may be another process's).
-    deferrable = (None if jax.process_count() > 1
-                  else self._deferrable(closed, queued=True))
+    deferrable = self._deferrable(closed, queued=True)
     if deferrable is not None:
       outs = deferring.evaluate_threaded(deferrable, values)
     else:
@@ -255,10 +259,7 @@ class Jitted:
     if _jax_private.is_top_level():  # (see _traced_queueing)
       return self._fun(*args, **kwargs), _DeferredOutputs([], None)
     closed, values, out_tree = self._trace(args, kwargs)
-    # Across processes, each process makes its own calls during the
-    # program, as under jax.jit (a deferred value may live elsewhere).
-    deferrable = (None if jax.process_count() > 1
-                  else self._deferrable(closed, queued=False))
+    deferrable = self._deferrable(closed, queued=False)
     if deferrable is None:
       outs = jax.extend.core.jaxpr_as_fun(closed)(*values)
       return (jax.tree_util.tree_unflatten(out_tree, outs),
