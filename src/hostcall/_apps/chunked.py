@@ -23,7 +23,8 @@ from hostcall._apps import (bar_events as _events, control as _control,
                             scan as _scan)
 from hostcall._core import bind
 
-_INT32_MAX = 2**31 - 1
+#: The most steps a chunk or a bar counts (int32 on the device).
+INT32_MAX = 2**31 - 1
 
 _local = threading.local()
 
@@ -98,7 +99,7 @@ def while_loop(site: int, stop, ticks: bool, cond_fun: Callable,
   else:
     # A chunk counts its steps in int32: a larger ``every`` means one
     # chunk, as long as any loop the step count can follow.
-    steps = min(every, _INT32_MAX)
+    steps = min(every, INT32_MAX)
 
   def body(carry):
     with nested():

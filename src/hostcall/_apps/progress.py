@@ -222,10 +222,6 @@ def while_loop(cond_fun: Callable, body_fun: Callable, init_val, *,
                 time_limit=time_limit, stop_when=stop_when, **tqdm_options)
 
 
-#: The largest count a bar holds (its steps are int32 on the device).
-_INT32_MAX = 2**31 - 1
-
-
 def _check_total(total) -> None:
   """A while_loop's ``total=``: an integer count of steps, 0 to 2**31 - 1
   (a bar counts in int32), concrete or traced."""
@@ -234,15 +230,15 @@ def _check_total(total) -> None:
       dtype is not None and np.ndim(total) == 0
       and jnp.issubdtype(dtype, jnp.integer))
   try:
-    fits = integer and 0 <= int(total) <= _INT32_MAX
+    fits = integer and 0 <= int(total) <= _chunked.INT32_MAX
   except jax.errors.ConcretizationTypeError:
     fits = integer   # traced: the bar reads it as it runs
   if not fits:
     raise TypeError(
         "hostcall.progress.while_loop: total= is the number of steps the "
-        f"bar expects, an int from 0 to {_INT32_MAX} (or a traced int); got "
-        f"{total!r}. Pass such an int, or leave it out to count without a "
-        "total.")
+        f"bar expects, an int from 0 to {_chunked.INT32_MAX} (or a traced "
+        f"int); got {total!r}. Pass such an int, or leave it out to count "
+        "without a total.")
 
 
 def _while(cond_fun, body_fun, init_val, total, *, desc, every, unit, leave,

@@ -3,8 +3,9 @@
 A tap in asynchronous mode does not call Python from the device computation.
 Its operands are copied into a bounded FIFO queue (the native one of
 ``hostcall._runtime.native``: by its XLA FFI handler, or by a Python callback
-where the emission table routes the call so) and the computation goes on; one consumer thread delivers the taps to
-their host functions in queue order, which is program order on each device.
+where the emission table routes the call so) and the computation goes on;
+one consumer thread delivers the taps to their host functions in queue
+order, which is program order on each device.
 A full queue blocks the producer (back-pressure), never drops. ``barrier()``
 waits until everything queued so far is delivered; an ``atexit`` hook does
 the same before the interpreter exits.
