@@ -117,7 +117,6 @@ def _steered(interruptible, time_limit, stop_when, desc):
   """The loop's ``Stop`` (None: not steered), and its bar's label."""
   stop = _control.Stop.of(interruptible, time_limit, stop_when)
   if stop is not None and stop.interruptible:
-    _control.controls.prepare_interruptible()
     # (A desc that is no str is refused with the bar's other options.)
     if desc is None or isinstance(desc, str):
       desc = f"{desc} (Ctrl-C stops)" if desc else "Ctrl-C stops"

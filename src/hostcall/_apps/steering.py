@@ -12,7 +12,7 @@ import numpy as np
 
 from hostcall._apps import chunked as _chunked, loops as _loops, \
     scan as _scan
-from hostcall._apps.control import LoopStatus, Stop, controls
+from hostcall._apps.control import LoopStatus, Stop
 from hostcall._core.checks import check_callable
 
 
@@ -56,8 +56,6 @@ def while_loop(cond_fun: Callable, body_fun: Callable, init_val, *,
   if every is not None:
     _scan.check_every(every, ", or None for the default")
   stop = Stop.of(interruptible, time_limit, stop_when)
-  if stop.interruptible:
-    controls.prepare_interruptible()
   # No bar: its site's spec is Undrawn, which no drawing listener draws;
   # it ticks only for its predicate.
   site = _loops.invocations.site(_loops.Undrawn(_chunked.depth(),

@@ -19,6 +19,7 @@ from hostcall._runtime import native
 _KINDS = {np.dtype(np.int64): 0, np.dtype(np.float32): 1,
           np.dtype(np.float64): 2}
 
+
 def _native_column(values: np.ndarray) -> np.ndarray | None:
   """``values`` (``block.plain``'s) as the formatter reads them, or None."""
   if values.ndim != 1:

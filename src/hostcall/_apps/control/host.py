@@ -297,11 +297,6 @@ class _Controls(calls.Containment, _loops.Listener):
     """The check, where it is a Python callback."""
     return self.states.poll(handle, check)
 
-  def prepare_interruptible(self) -> None:
-    """An interruptible loop is traced: be ready for Ctrl-C (the Python
-    stop states install their handler now, in the main thread)."""
-    self.states.prepare_interruptible()
-
   def interrupts(self) -> int:
     """SIGINTs taken for interruptible loops so far."""
     return self.states.interrupts()

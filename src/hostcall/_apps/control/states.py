@@ -104,10 +104,6 @@ class StopStates:
     """Whether hostcall's SIGINT handler is installed now."""
     return bool(self._lib.held.hostcall_control_sigint_installed())
 
-  def prepare_interruptible(self) -> None:
-    """An interruptible loop is traced: nothing to prepare (the handler is
-    installed at the loop's open, from any thread)."""
-
 
 def choose() -> StopStates:
   """The process's stop states (loading the library: raises
