@@ -169,10 +169,6 @@ class Library:
     """The library if ``load()`` has loaded it, else None."""
     return self._lib
 
-  def installed(self) -> bool:
-    """Whether the extension is installed (``load()`` then loads it)."""
-    return extension_path() is not None
-
   def status(self) -> str:
     """One line: the library in use and how the device reaches it, or why
     there is none."""

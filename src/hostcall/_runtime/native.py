@@ -57,11 +57,6 @@ def status() -> str:
   return LIBRARY.status()
 
 
-def loaded():
-  """The library if it is loaded already, else None (never loads)."""
-  return LIBRARY.loaded()
-
-
 def ffi() -> bool:
   """Whether the device reaches the queue through its FFI handlers (not
   with ``HOSTCALL_NATIVE=0``); loads the library."""
