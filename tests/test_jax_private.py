@@ -589,6 +589,36 @@ def test_debug_print_writer_writes_what_jaxs_print_writes(capsys):
   assert seen == [((), ["x", "y"])]
 
 
+def test_debug_callback_on_cpu_does_what_jaxs_implementation_does(caplog):
+  # JAX's debug_callback implementation: committed CPU arrays, the CPU the
+  # default device, no abstract mesh (0.8.1 on), a failure logged in JAX's
+  # words on JAX's logger, then raised.
+  from jax._src import debugging
+  seen = []
+
+  def callback(*args):
+    seen.append([(type(a), a.dtype, a.shape, a._committed, a.weak_type,
+                  np.asarray(a).tolist()) for a in args]
+                + [str(jax.config.jax_default_device),
+                   str(jax.sharding.get_abstract_mesh())])
+  avals = [_jax_private.ShapedArray((), jnp.float32),
+           _jax_private.ShapedArray((2,), jnp.int8)]
+  values = (np.float32(1.5), np.array([1, 2], np.int8))
+  _jax_private.debug_callback_on_cpu(callback, avals)(*values)
+  debugging.debug_callback_impl(*values, callback=callback, effect=None,
+                                partitioned=False)
+  assert seen[0] == seen[1] and seen[0][0][0] is type(jnp.zeros(()))
+  key_aval = jax.typeof(jax.random.key(0))
+  assert _jax_private.debug_callback_on_cpu(callback, [key_aval]) is None
+
+  def failing(*args):
+    raise ValueError("no")
+  with pytest.raises(ValueError, match="no"):
+    _jax_private.debug_callback_on_cpu(failing, avals)(*values)
+  assert caplog.records[-1].name == debugging.logger.name
+  assert caplog.records[-1].getMessage() == "jax.debug.callback failed"
+
+
 def test_not_really_effects_are_jaxs_effect_types():
   assert _jax_private.NOT_REALLY_EFFECTS
   assert all(isinstance(t, type) for t in _jax_private.NOT_REALLY_EFFECTS)

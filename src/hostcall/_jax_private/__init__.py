@@ -67,4 +67,5 @@ from hostcall._jax_private.runtime import (wait_for_effects,
                                            start_ordered_effects_afresh_after_a_failure,
                                            hide_frames_of, is_callback_frame,
                                            is_jax_frame, user_frame_of,
-                                           loop_of_frame)
+                                           loop_of_frame,
+                                           debug_callback_on_cpu)

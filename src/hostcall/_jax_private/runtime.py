@@ -1,13 +1,22 @@
-"""The runtime: waiting for effects and their tokens, and telling
-JAX's and the runtime's frames from the user's."""
+"""The runtime: waiting for effects and their tokens, telling JAX's and
+the runtime's frames from the user's, and calling a debug callback as
+JAX's eager implementation does."""
 
 from __future__ import annotations
 
 import inspect
 
 import jax
+import numpy as np
 from jax._src import callback as _callback
+from jax._src import config as _config
+from jax._src import core as _core
+from jax._src import debugging as _debugging
 from jax._src import dispatch as _dispatch
+from jax._src import mesh as _mesh
+from jax._src import sharding_impls as _sharding_impls
+from jax._src import xla_bridge as _xla_bridge
+from jax._src.interpreters import pxla as _pxla
 from jax._src import source_info_util as _source_info_util
 from jax._src import traceback_util as _traceback_util
 from jax._src.interpreters import mlir as _private_mlir
@@ -133,3 +142,65 @@ def loop_of_frame(frame) -> tuple[str, int | None] | None:
   if frame.f_code in _WHILE_CODES:
     return "while", None
   return None
+
+
+def debug_callback_on_cpu(callback, avals):
+  """What ``jax.debug.callback``'s eager implementation does with
+  ``callback`` (a ``debug_callback`` equation's flat callback), as a
+  function of NumPy values of ``avals``, or None where it would not be the
+  same (a value of an extended dtype or ``float0``; no CPU device).
+
+  The same: each value a committed ``jax.Array`` on the first CPU device,
+  the callback called with that device as the default and, where this JAX
+  release sets them (0.8.1 on), no concrete or abstract mesh, and its
+  failure logged on JAX's logger in JAX's words, then raised. Quicker:
+  each value placed by ``batched_device_put`` with the abstract value
+  known beforehand (``device_put`` of a tuple costs about 40 us a call on
+  a CPU, ten times more); a value of another shape or dtype than
+  ``avals`` says is placed by ``device_put`` itself."""
+  if any(not isinstance(a, _core.ShapedArray)
+         or jax.dtypes.issubdtype(a.dtype, jax.dtypes.extended)
+         or a.dtype == jax.dtypes.float0 for a in avals):
+    return None
+  try:
+    cpu, *_ = _xla_bridge.local_devices(backend="cpu")
+  except RuntimeError:
+    return None  # (JAX's implementation raises it, in its words)
+  sharding = jax.sharding.SingleDeviceSharding(cpu)
+  placed = [(_core.ShapedArray(a.shape, a.dtype), a.shape, np.dtype(a.dtype))
+            for a in avals]
+  # (JAX's implementation empties both meshes from 0.8.1 on.)
+  uses_empty_meshes = jax.__version_info__[:3] >= (0, 8, 1)
+
+  def put(value, aval, shape, dtype):
+    if isinstance(value, np.generic):
+      value = np.asarray(value)
+    if (type(value) is np.ndarray and value.shape == shape
+        and value.dtype == dtype):
+      return _pxla.batched_device_put(aval, sharding, [value], [cpu])
+    return jax.device_put(value, cpu)
+
+  def run(arrays):
+    try:
+      callback(*arrays)
+    except BaseException:
+      _debugging.logger.exception("jax.debug.callback failed")
+      raise
+
+  if uses_empty_meshes:
+    concrete, abstract = _mesh.empty_concrete_mesh, _mesh.empty_abstract_mesh
+
+    def call(*values):
+      arrays = [put(v, *p) for v, p in zip(values, placed)]
+      with (_config.default_device(cpu),
+            _sharding_impls._internal_use_concrete_mesh(concrete),
+            _mesh.use_abstract_mesh(abstract)):
+        run(arrays)
+      return ()
+  else:
+    def call(*values):
+      arrays = [put(v, *p) for v, p in zip(values, placed)]
+      with _config.default_device(cpu):
+        run(arrays)
+      return ()
+  return call
