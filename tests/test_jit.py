@@ -873,6 +873,9 @@ def test_a_queued_call_python_cannot_read_loses_only_itself(mode,
   import ctypes
   if mode != "queued":
     pytest.skip("queued calls only")
+  from hostcall._runtime import native
+  if not native.ffi():
+    pytest.skip("HOSTCALL_NATIVE=0: JAX's callbacks push copies")
   seen = []
 
   @hostcall.jit
@@ -1363,3 +1366,26 @@ def test_jaxs_callbacks_beside_hostcalls_are_taken_out_too(mode, capfd,
   assert not effects   # queued, or as outputs: taken out either way
   assert not [w for w in recwarn
               if issubclass(w.category, jit_module.HostcallJitWarning)]
+
+
+@pytest.mark.parametrize("first", ["jax.jit", "hostcall.jit"])
+def test_another_programs_asynchronous_taps_keep_their_place(mode, first):
+  # Queued from the device, hostcall.jit's calls and a jax.jit program's
+  # asynchronous taps reach the host in the order the programs ran (with
+  # HOSTCALL_NATIVE=0 too: tests/test_multidevice.py; on several devices:
+  # tests/multidevice/test_jit.py). The outputs route does not keep it
+  # (docs/performance.md).
+  if mode != "queued":
+    pytest.skip("the outputs route replays calls on their own thread")
+  seen = []
+  tapped = jax.jit(lambda x: hcb.id_tap(
+      lambda v, t: seen.append(("A", int(v))), x, delivery="async"))
+  queued = hostcall.jit(lambda x: hcb.id_tap(
+      lambda v, t: seen.append(("B", int(v))), x))
+  programs = (tapped, queued) if first == "jax.jit" else (queued, tapped)
+  for k in range(200):
+    for program in programs:
+      program(np.int32(k))
+  hostcall.barrier()
+  names = "AB" if first == "jax.jit" else "BA"
+  assert seen == [(name, k) for k in range(200) for name in names]

@@ -101,13 +101,13 @@ def test_a_platform_is_one_row_of_the_table(monkeypatch, request):
   monkeypatch.setattr(jax, "default_backend", lambda: "fake")
   monkeypatch.setattr(jitted, "_QUEUED", None)
   deferred._host_buffers.cache_clear()
-  assert jitted._one_device_with_the_native_queue() is queue_native.ffi()
+  assert jitted._devices_with_the_native_queue() is True
   assert deferred._host_buffers() is False
   monkeypatch.setattr(emission, "PLATFORMS", {"fake": emission.Platform(
       host_buffers=True)})
   monkeypatch.setattr(jitted, "_QUEUED", None)
   deferred._host_buffers.cache_clear()
-  assert jitted._one_device_with_the_native_queue() is False
+  assert jitted._devices_with_the_native_queue() is False
   assert deferred._host_buffers() is True
 
 

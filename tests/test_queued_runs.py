@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import hostcall
-from hostcall._runtime import call_sites, emission, queue, queues
+from hostcall._runtime import call_sites, emission, native, queue, queues
 from hostcall._jit import jitted as jit_module
 
 
@@ -51,6 +51,8 @@ def test_the_last_call_returns_nothing_and_every_call_keeps_its_order(
     queued, route, monkeypatch):
   if route == "python":
     monkeypatch.setattr(emission, "route", lambda *args: "python")
+  elif not native.ffi():
+    pytest.skip("HOSTCALL_NATIVE=0: JAX's callbacks push the calls")
   seen = []
   step = hostcall.jit(_program(seen))
   for i in range(20):
@@ -82,6 +84,8 @@ def test_a_program_ending_in_a_loop_keeps_the_loops_calls(queued):
   assert float(step(np.float32(1))) == 4.0
   hostcall.barrier()
   assert seen == [1.0, 4.0, 9.0]
+  if not native.ffi():
+    return  # (HOSTCALL_NATIVE=0: JAX's callbacks push the calls)
   text = step._hostcall_jitted._queueing.lower(np.float32(0)).compile(
       ).as_text()
   assert _custom_calls(text) == ["hostcall_enqueue_threaded"]
@@ -99,6 +103,8 @@ def test_one_call_of_many_operands_returns_nothing(queued):
   step(np.float32([1.5, -2.0]))
   hostcall.barrier()
   assert seen == [[[1.5, -2.0], [1, -2], [True, False]]]
+  if not native.ffi():
+    return  # (HOSTCALL_NATIVE=0: JAX's callbacks push the calls)
   text = step._hostcall_jitted._queueing.lower(
       np.float32([0, 0])).compile().as_text()
   assert _custom_calls(text) == ["hostcall_enqueue_after"]

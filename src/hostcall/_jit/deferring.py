@@ -4,7 +4,7 @@ A traced program whose host calls are all *deferrable* (taps and
 result-less calls whose target allows it, ``HostTarget.deferrable``) is
 evaluated again with each such call rebound one of two ways:
 
-* queued (``evaluate_threaded``, one CPU device with the native queue):
+* queued (``evaluate_threaded``, CPU devices with the native queue):
   ``threaded``'s call, which queues the operands from the device without a
   JAX effect, ordered by a value threaded from call to call, through
   ``lax.scan`` and ``while_loop`` carries and ``cond`` branches; a target
@@ -270,13 +270,19 @@ def evaluate(closed_jaxpr, args: Sequence) -> tuple[list, list, tuple]:
   return outs, recorder.values, tuple(recorder.nodes)
 
 
-def evaluate_threaded(closed_jaxpr, args: Sequence) -> list:
+def evaluate_threaded(closed_jaxpr, args: Sequence,
+                      keep_order: bool = False):
   """Evaluates ``closed_jaxpr`` on ``args`` (in the current trace) with
   its deferrable calls queued without a JAX effect, in program order
-  (``hostcall._jit.threaded``); returns the outputs."""
+  (``hostcall._jit.threaded``); returns the outputs, or with
+  ``keep_order`` the outputs and the order value the program's last call
+  returned (which is ready once every queued call has run: on several
+  devices, what a barrier waits for)."""
   recorder = _Recorder(order=threaded.start_order())
   outs = _evaluate(_jaxpr_of(closed_jaxpr), closed_jaxpr.consts, args,
                    recorder)
+  if keep_order:
+    return outs, recorder.order
   recorder.finish()
   return outs
 

@@ -6,14 +6,21 @@ times a plain one. ``hostcall.jit`` compiles the same program with its
 deferrable host calls (see ``hostcall._jit.deferring``) taken out of its
 effects, so that dispatch runs it on the fast path:
 
-* on one CPU device with the native tap queue, each call is queued from
-  the device as the program runs (``hostcall._jit.threaded``: a custom
-  call without a JAX effect, ordered by a value threaded through the
-  program, ``lax.scan``, ``while_loop`` and ``cond`` included), and the
-  queue's consumer thread delivers it, as it delivers asynchronous taps;
-* elsewhere (an accelerator, several devices), the calls' operands become
-  extra outputs, and the ``hostcall-deferred`` thread replays the calls
-  once those outputs are ready (``hostcall._runtime.deferred``).
+* on CPU devices (one or several) with the native tap queue, each call is
+  queued from the device as the program runs (``hostcall._jit.threaded``:
+  a custom call without a JAX effect, or under a global view of several
+  devices the chosen device's JAX Python callback, ordered by a value
+  threaded through the program, ``lax.scan``, ``while_loop`` and ``cond``
+  included), and the queue's consumer thread delivers it, as it delivers
+  asynchronous taps, in the order the devices made them, with the
+  asynchronous taps of every other program. On several devices the
+  program also returns the value its last call returned, which the call
+  strips and keeps until a barrier (``deferred.keep_queueing``): the CPU
+  runtime does not run several devices' programs in the order they were
+  dispatched, so the barrier waits for each such program itself;
+* elsewhere (an accelerator), the calls' operands become extra outputs,
+  and the ``hostcall-deferred`` thread replays the calls once those
+  outputs are ready (``hostcall._runtime.deferred``).
 
 A program with a host call that cannot be taken out is compiled as
 ``jax.jit`` compiles it, unchanged.
@@ -55,42 +62,52 @@ class _DeferredOutputs:
     return cls(packs, plan)
 
 
-#: Whether this process is one device of a platform whose row serves the
-#: native queue, with its FFI handlers registered, found once (None until
-#: then): read by every call of ``hostcall.jit``.
+#: Whether this process's devices are of a platform whose row serves the
+#: native queue, the native library loaded, found once (None until then):
+#: read by every call of ``hostcall.jit``.
 _QUEUED: bool | None = None
+#: Whether this process has several devices (found with ``_QUEUED``): a
+#: queued program then returns its last call's order value, kept for the
+#: barrier to wait for.
+_SEVERAL = False
 _dispatching_at_top_level = _jax_private.dispatching_at_top_level
 
 
-def _one_device_with_the_native_queue() -> bool:
-  global _QUEUED
+def _devices_with_the_native_queue() -> bool:
+  global _QUEUED, _SEVERAL
   if _QUEUED is None:
+    _SEVERAL = jax.local_device_count() > 1  # (set before _QUEUED is read)
     _QUEUED = (emission.serves(jax.default_backend(), "enqueue")
-               and jax.device_count() == 1 and _has_ffi_handlers())
+               and _has_the_native_queue())
   return _QUEUED
 
 
-def _has_ffi_handlers() -> bool:
-  """Whether the queue's FFI handlers are registered; False where the
+def _has_the_native_queue() -> bool:
+  """Whether the native queue's library loads (its FFI handlers
+  registered or, with ``HOSTCALL_NATIVE=0``, not: the calls are then
+  JAX Python callbacks pushing into the same queue); False where the
   extension is missing (the calls then become outputs, which need no
   native code)."""
   try:
-    return native.ffi()
+    native.ffi()
   except native.libraries.HostcallNativeError:
     return False
+  return True
 
 
 def _queues_from_the_device() -> bool:
-  """Whether programs are compiled for the one device of a process whose
+  """Whether programs are compiled for the devices of a process whose
   platform serves the native queue (its row of ``emission.PLATFORMS``;
-  today a CPU): their deferrable calls are then queued from the program
-  itself without a JAX effect (``hostcall._jit.threaded``), in the one
-  queue that asynchronous taps of every other program go through;
-  elsewhere (several devices, whose CPU runtime does not run programs in
-  the order they were dispatched, so that no barrier could wait for
-  them; a platform without the handlers) they become outputs."""
+  today a CPU, one device or several): their deferrable calls are then
+  queued from the program itself without a JAX effect
+  (``hostcall._jit.threaded``), in the one queue that asynchronous taps of
+  every other program go through, so that the host gets them all in the
+  order the devices made them. On several devices a barrier waits for the
+  queueing programs themselves (``deferred.keep_queueing``); on one, for
+  a program dispatched after them. Elsewhere (a platform without the
+  native queue) they become outputs."""
   return mode == "auto" and (_QUEUED if _QUEUED is not None
-                             else _one_device_with_the_native_queue())
+                             else _devices_with_the_native_queue())
 
 
 #: ``"auto"`` (queued where ``_queues_from_the_device`` says so) or
@@ -120,12 +137,19 @@ class Jitted:
     # fun's signature (through __wrapped__): jax.jit finds static and
     # donated arguments by name or position in it, passed either way.
     def queueing(*args, **kwargs):
-      return self._traced_queueing(*args, **kwargs)
+      return self._traced_queueing(False, args, kwargs)
+
+    # On several devices: the outputs, and the order value the program's
+    # last queued call returned (None where it queues none).
+    def queueing_kept(*args, **kwargs):
+      return self._traced_queueing(True, args, kwargs)
 
     functools.update_wrapper(traced, fun)
     functools.update_wrapper(queueing, fun)
+    functools.update_wrapper(queueing_kept, fun)
     self._deferring = jax.jit(traced, **kwargs)
     self._queueing = jax.jit(queueing, **jit_kwargs)
+    self._queueing_kept = jax.jit(queueing_kept, **kwargs)
 
   def function(self) -> Callable:
     """What ``hostcall.jit`` returns: a Python function (which binds as a
@@ -133,7 +157,7 @@ class Jitted:
     ``eval_shape`` and ``clear_cache``. A function, not this object made
     callable: a call of an instance's ``__call__`` costs 0.1 to 0.3 us more
     than a function's, a tenth of what this wrapper may add to a call."""
-    queueing = self._queueing
+    queueing, queueing_kept = self._queueing, self._queueing_kept
 
     def jitted(*args, **kwargs):
       if _dispatching_at_top_level() and _queues_from_the_device():
@@ -141,6 +165,14 @@ class Jitted:
           return self._plain(*args, **kwargs)  # the interpreter exits
         # The barrier then waits for this program to have run.
         deferred.queued_since_barrier = True
+        if _SEVERAL:
+          # The CPU runtime does not run several devices' programs in the
+          # order they were dispatched: the barrier waits for this one's
+          # last call itself.
+          outs, last = queueing_kept(*args, **kwargs)
+          if last is not None:
+            deferred.keep_queueing(last)
+          return outs
         # (Forwarding no keywords is the cheaper call.)
         return queueing(*args, **kwargs) if kwargs else queueing(*args)
       return self._call_elsewhere(args, kwargs)
@@ -170,7 +202,7 @@ class Jitted:
   def _active(self):
     """The ``jax.jit`` function a call of this one runs here."""
     if _queues_from_the_device():
-      return self._queueing
+      return self._queueing_kept if _SEVERAL else self._queueing
     return self._deferring
 
   def _trace(self, args, kwargs):
@@ -241,19 +273,28 @@ class Jitted:
           stacklevel=2)
     return None
 
-  def _traced_queueing(self, *args, **kwargs):
+  def _traced_queueing(self, keep: bool, args, kwargs):
+    """The program with its deferrable calls queued; with ``keep``, the
+    outputs and the order value its last queued call returned (None where
+    it queues none)."""
     if _jax_private.is_top_level():
       # Called as it is, not traced: jax_debug_nans' de-optimized rerun of
       # a call whose outputs had a NaN. Its host calls run as it runs, as
       # in jax.jit's rerun.
-      return self._fun(*args, **kwargs)
+      outs = self._fun(*args, **kwargs)
+      return (outs, None) if keep else outs
     closed, values, out_tree = self._trace(args, kwargs)
     deferrable = self._deferrable(closed, queued=True)
-    if deferrable is not None:
+    last = None
+    if deferrable is not None and keep:
+      outs, last = deferring.evaluate_threaded(deferrable, values,
+                                               keep_order=True)
+    elif deferrable is not None:
       outs = deferring.evaluate_threaded(deferrable, values)
     else:
       outs = jax.extend.core.jaxpr_as_fun(closed)(*values)
-    return jax.tree_util.tree_unflatten(out_tree, outs)
+    outs = jax.tree_util.tree_unflatten(out_tree, outs)
+    return (outs, last) if keep else outs
 
   def _traced(self, *args, **kwargs):
     if _jax_private.is_top_level():  # (see _traced_queueing)
@@ -282,6 +323,7 @@ class Jitted:
     self._plain.clear_cache()
     self._deferring.clear_cache()
     self._queueing.clear_cache()
+    self._queueing_kept.clear_cache()
 
 
 def _starts(start) -> bool:
@@ -310,15 +352,16 @@ def jit(fun: Callable | None = None, /, **jit_kwargs: Any):
   ``io_callback`` without results, ``id_tap``/``id_print``,
   ``metrics.Run.log``, ``hostcall.scan``'s flushes) at the top level of the
   function, of a ``jax.jit`` inside it or in a ``lax.scan`` body are
-  compiled without an effect. On one CPU device the device queues their
-  values as it runs (``while_loop`` bodies and ``cond`` branches too), and
-  hostcall's consumer thread delivers them in program order; elsewhere
+  compiled without an effect. On CPU devices (one or several) the device
+  queues their values as it runs (``while_loop`` bodies and ``cond``
+  branches too), and hostcall's consumer thread delivers them in program
+  order, in order with other programs' asynchronous taps; elsewhere
   they become extra outputs, delivered once the call's outputs are ready.
   The call returns at once, as ``jax.jit``'s does, and
   ``hostcall.barrier()`` waits for the host functions. A failing host
   function is reported by the next barrier, as an asynchronous tap's is.
 
-  On one CPU device a progress bar's events are queued too (its open
+  On CPU devices a progress bar's events are queued too (its open
   answers "this device's latest invocation"). A program with a host call
   that must run where it is (a call with results that has an effect, a
   steered loop, and where calls become outputs a progress bar or a tap in

@@ -1,15 +1,19 @@
 """``hostcall_threaded_p``: a queued host call without a JAX effect.
 
 ``hostcall.jit`` rebinds each deferrable host call (see ``deferring``) of
-a program it compiles for one CPU device as this primitive: the operands
+a program it compiles for CPU devices as this primitive: the operands
 are copied into the native tap queue by an XLA custom call with a side
-effect, and the consumer thread delivers them as it delivers asynchronous
+effect (under a global view of several devices, or with
+``HOSTCALL_NATIVE=0``, a JAX Python callback pushing into the same queue),
+and the consumer thread delivers them as it delivers asynchronous
 taps. The program then carries no JAX effect (dispatch takes JAX's C++
-fast path) and has no extra output. What keeps the calls in program order
-is a value each call returns and the next one takes, threaded through the
-program and its ``lax.scan`` carries, as the removed ``host_callback``
-module threaded its tokens; successive programs run on the device in the
-order they were dispatched, so their calls reach the queue in that order.
+fast path) and has no extra output (on several devices, one: the value
+its last call returned, which a barrier waits for). What keeps the calls
+in program order is a value each call returns and the next one takes,
+threaded through the program and its ``lax.scan`` carries, as the removed
+``host_callback`` module threaded its tokens; the programs' calls reach
+the queue in the order the devices run them, with other programs'
+asynchronous taps.
 
 ``hostcall_threaded_live_p`` is its live sibling: a call the program waits
 for (a steered loop's open, pace and finish: ``live_without_effect``),

@@ -16,8 +16,15 @@ as a producer of the queue does; the thread itself, or any host function
 that calls a program, never waits.
 
 Programs that queue their calls from the device instead (``hostcall.jit``
-on one CPU device) have nothing here but ``settle_queued``: they carry no
-effect JAX would wait for, so a barrier first waits for them to have run.
+on CPU devices) have nothing here but ``keep_queueing`` and
+``settle_queued``: they carry no effect JAX would wait for, so a barrier
+first waits for them to have run. On one device it waits for a program
+dispatched after them (the device runs its programs in the order they
+were dispatched); on several, where the CPU runtime does not keep that
+order across devices (a program over several devices, as a settling
+program would be, is scheduled apart from each device's own), for each
+queueing program's last call itself: the order value it returned, an
+output kept here until the barrier.
 """
 
 from __future__ import annotations
@@ -52,6 +59,12 @@ class Deferred:
     self.capacity = 64 << 20
     #: Seconds the thread gathers programs before fetching their values.
     self.gather = 0.002
+    #: On several devices: the order values the last calls of the
+    #: queueing programs dispatched since the last barrier returned (those
+    #: known ready dropped once there are ``_bound``), and their lock.
+    self._queueing: list = []
+    self._bound = 64
+    self._queueing_lock = threading.Lock()
 
   def after_fork_in_child(self) -> None:
     """A forked child has not the parent's thread: it forgets what the
@@ -60,21 +73,48 @@ class Deferred:
     self._pending = collections.deque()
     self._bytes = self._submitted = self._delivered = self._hurry = 0
     self._thread = None
+    self._queueing, self._queueing_lock = [], threading.Lock()
 
   #: Whether a ``hostcall.jit`` program queued its calls from the device
   #: (``hostcall._jit.threaded``) since the last barrier.
   queued_since_barrier = False
 
+  def keep_queueing(self, last) -> None:
+    """Keeps ``last``, the order value a queueing program's last call
+    returned (on several devices), until a barrier has waited for it: it
+    is ready once the program's queued calls are all in the queue (the
+    CPU runtime marks a program's outputs ready once all of it has run,
+    its side-effecting custom calls included)."""
+    with self._queueing_lock:
+      kept = self._queueing
+      kept.append(last)
+      if len(kept) >= self._bound:
+        kept = self._queueing = [a for a in kept if not a.is_ready()]
+        # (A device far behind: what must wait grows, the checks do not.)
+        self._bound = max(64, 2 * len(kept))
+
   def settle_queued(self) -> None:
     """Waits until the programs that queue their calls from the device,
     dispatched so far, have run (so that the queue holds their calls):
-    they have no effect JAX would wait for, but a device runs programs in
-    the order they were dispatched, so one dispatched now runs after
-    them (one device: on several, the CPU runtime does not keep that
-    order, which is why ``hostcall.jit`` queues on one device only)."""
+    they have no effect JAX would wait for. On several devices, for the
+    order values they returned (``keep_queueing``); on one, the device
+    runs programs in the order they were dispatched, so one dispatched now
+    runs after them."""
     if not self.queued_since_barrier or not _jax_private.is_top_level():
       return  # (while tracing, a program run here would be staged)
     self.queued_since_barrier = False
+    with self._queueing_lock:
+      kept, self._queueing = self._queueing, []
+      self._bound = 64
+    if kept:
+      for last in kept:
+        try:
+          last.block_until_ready()
+        except Exception:  # noqa: BLE001 - its caller meets the failure
+          # A failed program: its calls after the failure never ran, as
+          # under jax.jit; the caller meets the error in its outputs.
+          pass
+      return
     with jax.transfer_guard("allow"):
       _settling_program()().block_until_ready()
 
@@ -243,6 +283,8 @@ def _host_buffers() -> bool:
 
 @functools.cache
 def _settling_program():
+  """A program on the default device, which runs after the programs
+  dispatched to it before (one device)."""
   return jax.jit(lambda: jax.numpy.zeros((), np.uint8))
 
 

@@ -58,7 +58,13 @@ def emit_threaded(ctx, target: HostTarget, transforms, device_index: int,
   consumer = queue.consumer
   consumer.start()
   order_aval, *operand_avals = ctx.avals_in
+  axis_context = ctx.module_context.axis_context
   device, _ = emission.caller(ctx, device_index)
+  chosen = None
+  if emission.global_view(axis_context):
+    # One call, made by the chosen device (as hostcall's own calls under a
+    # global view: ``lowering.lower``), its order value replicated.
+    chosen = jax.sharding.SingleDeviceSharding(device)
   contexts = make_context(transforms, device)
   layouts = call_sites.layouts_of(packed or operand_avals)
   if (layouts is None
@@ -72,10 +78,15 @@ def emit_threaded(ctx, target: HostTarget, transforms, device_index: int,
         flat = call_sites.decode(layouts, np.asarray(flat[0]).tobytes())
       push(*flat)
       return (zero,) if returns else ()
+    result_avals = [order_aval] if returns else []
     results, _, _ = _jax_private.emit_python_callback(
         ctx, callback, None, [order, *operands],
-        [order_aval, *operand_avals], [order_aval] if returns else [],
-        has_side_effect=True, returns_token=False)
+        [order_aval, *operand_avals], result_avals,
+        has_side_effect=True, returns_token=False,
+        sharding=emission.op_sharding(axis_context, chosen, result_avals))
+    if chosen is not None:
+      results = [_jax_private.replicated(ctx, r, a)
+                 for r, a in zip(results, result_avals)]
     return results[0] if returns else None
   site = call_sites.sites.add(target, contexts, layouts, joinable=True)
   nbytes = [layout.nbytes for layout in layouts]
