@@ -44,7 +44,7 @@ from jax.experimental import io_callback as jax_io_callback
 
 import hostcall
 from hostcall import host_callback as hcb
-from hostcall._apps import loops as loops_module
+from hostcall._apps import bar_events, loops as loops_module
 
 N = 3  # steps of every loop
 CKPT_POLICIES = {
@@ -298,14 +298,17 @@ def argument(composition):
 
 
 class _BarSpy:
-  """Records the bar registry's open/tick/close calls (still made)."""
+  """Records the bar registry's open/close calls (still made) and every
+  tick the host receives, in order: a run of ticks the queue hands over at
+  once is drawn at its last (``bar_events._Tick.deliver_steps``), but each
+  tick the program made is recorded."""
 
   def __init__(self, log):
     self.log, self.saved = log, {}
 
   def __enter__(self):
     registry = loops_module.invocations
-    for method, event in (("open", "o"), ("tick", "t"), ("close", "c")):
+    for method, event in (("open", "o"), ("close", "c")):
       original = getattr(registry, method)
       self.saved[method] = original
 
@@ -315,6 +318,19 @@ class _BarSpy:
         self.log.events.append(f"{_event}{count}")
         return _original(*args, **kwargs)
       setattr(registry, method, record)
+    tick = bar_events._Tick
+    self.tick_methods = (tick.deliver, tick.deliver_steps)
+    events = self.log.events
+
+    def deliver(target, flat_args, context):
+      events.append(f"t{loops_module.last_count(flat_args[1])}")
+      return self.tick_methods[0](target, flat_args, context)
+
+    def deliver_steps(target, stacked, steps, context):
+      counts = bar_events._per_call(stacked[1], steps, context)
+      events.extend(f"t{loops_module.last_count(c)}" for c in counts)
+      return self.tick_methods[1](target, stacked, steps, context)
+    tick.deliver, tick.deliver_steps = deliver, deliver_steps
     return self
 
   def __exit__(self, *exc):
@@ -323,6 +339,8 @@ class _BarSpy:
     # from a later spy set on the class).
     for method in self.saved:
       delattr(loops_module.invocations, method)
+    bar_events._Tick.deliver, bar_events._Tick.deliver_steps = (
+        self.tick_methods)
 
 
 _NUMBER = re.compile(r"-?\d+(?:\.\d*)?(?:e[-+]?\d+)?")
@@ -1452,9 +1470,9 @@ EXPECTED = {
     'progress: jit>grad>scan': ('o3 t1 t2 t3 c3', '-'),
     'progress: jit>vmap>scan': ('o3 t1 t2 t3 c3', '-'),
     'progress: vmap>grad>scan': ('o3 t1 t2 t3 c3', '-'),
-    'progress: hjit>grad>scan': ('o3 t3 c3', '-'),
+    'progress: hjit>grad>scan': ('o3 t1 t2 t3 c3', '-'),
     'progress: grad>vmap>scan': ('o3 t1 t2 t3 c3', '-'),
-    'progress: hjit>vmap>scan': ('o3 t3 c3', '-'),
+    'progress: hjit>vmap>scan': ('o3 t1 t2 t3 c3', '-'),
     'progress: grad>scan>cond': ('o3 t1 t2 t3 c3', '-'),
     'progress: grad>scan>cvjp_fwd': ('o3 t1 t2 t3 c3', '-'),
     'progress: grad>scan>cvjp_bwd': ('o3 t1 t2 t3 c3', '-'),

@@ -52,6 +52,29 @@ def calls(monkeypatch):
   return spy
 
 
+@pytest.fixture
+def received_ticks(monkeypatch):
+  """The count of every tick the host receives, in order: a run of ticks
+  the queue hands over at once (``_Tick.deliver_steps``) is drawn at its
+  last, but each is recorded here."""
+  from hostcall._apps import bar_events
+  seen = []
+  deliver, deliver_steps = (bar_events._Tick.deliver,
+                            bar_events._Tick.deliver_steps)
+
+  def one(target, flat_args, context):
+    seen.append(loops_module.last_count(flat_args[1]))
+    return deliver(target, flat_args, context)
+
+  def run(target, stacked, steps, context):
+    seen.extend(loops_module.last_count(c) for c in
+                bar_events._per_call(stacked[1], steps, context))
+    return deliver_steps(target, stacked, steps, context)
+  monkeypatch.setattr(bar_events._Tick, "deliver", one)
+  monkeypatch.setattr(bar_events._Tick, "deliver_steps", run)
+  return seen
+
+
 def _step(carry, x):
   carry = carry * 0.5 + x
   return carry, carry * 2
@@ -101,8 +124,8 @@ def test_empty_loops_draw_empty_bars():
   assert _open_bars() == []
 
 
-def test_ticks_are_few_and_redraws_throttled(calls):
-  ticks = calls("tick", 2)
+def test_ticks_are_few_and_redraws_throttled(received_ticks):
+  ticks = received_ticks
   out = io.StringIO()
   jax.jit(lambda: progress.scan(lambda c, _: (c + 1, None), 0, length=1000,
                                 file=out, desc="fast"))()
@@ -115,8 +138,37 @@ def test_ticks_are_few_and_redraws_throttled(calls):
   assert _final_counts(out, "fast") == ["1000/1000"]
 
 
-def test_every_sets_the_ticks(calls):
-  seen = calls("tick", 2)
+@pytest.mark.parametrize("mininterval", [None, 0])
+def test_a_short_loops_ticks_under_jax_jit_are_drawn_as_one_run(
+    received_ticks, calls, mininterval):
+  # The queue hands a run of a bar's ticks over at once under jax.jit too
+  # (a 100-step loop in a Python loop paid a delivery a tick, 18 us each):
+  # every tick reaches the host, the bar draws the run's last, and a bar
+  # that redraws at every tick (mininterval=0) draws each. The delivery
+  # thread gathers for up to a second: the loop's ticks (microseconds
+  # apart) join one run, which the barrier takes.
+  from hostcall._runtime import queue as queue_module
+  hostcall.barrier()
+  gather = queue_module.consumer.gather
+  hostcall.set_gather_window(1.0)
+  drawn = calls("tick", 2)
+  options = {} if mininterval is None else {"mininterval": mininterval}
+  out = io.StringIO()
+  run = jax.jit(lambda: progress.scan(lambda c, _: (c + 1, None), 0,
+                                      length=100, file=out, desc="short",
+                                      **options)[0])
+  try:
+    assert int(run()) == 100
+    hostcall.barrier()
+  finally:
+    hostcall.set_gather_window(gather)
+  assert received_ticks == list(range(1, 101))
+  assert drawn == (list(range(1, 101)) if mininterval == 0 else [100])
+  assert _final_counts(out, "short") == ["100/100"]
+
+
+def test_every_sets_the_ticks(received_ticks):
+  seen = received_ticks
   progress.scan(lambda c, _: (c, None), 0, length=10, every=4,
                 file=io.StringIO())
   hostcall.barrier()
@@ -176,8 +228,8 @@ def test_while_loop_pace_doubles_until_a_tenth_of_a_second(monkeypatch):
   bars.close_all()
 
 
-def test_while_loop_every_fixes_the_chunk(calls):
-  seen = calls("tick", 2)
+def test_while_loop_every_fixes_the_chunk(received_ticks):
+  seen = received_ticks
   progress.while_loop(lambda c: c < 10, lambda c: c + 1, 0, every=3,
                       file=io.StringIO())
   hostcall.barrier()
@@ -696,7 +748,8 @@ def test_a_run_of_queued_ticks_draws_each_invocations_last(calls,
   monkeypatch.setattr(control_module.controls, "after_tick",
                       lambda handle, steps, device: after.append(
                           (handle, steps)))
-  tick = bar_events._Tick(site=1)
+  tick = bar_events._Tick(site=loops_module.invocations.site(
+      loops_module.Undrawn(position=0, interruptible=False)))
   stacked = [np.array([5, 5, 7, 5, 5, 9, 9], np.int32),  # handles
              np.array([10, 20, 10, 30, 40, 1, 2], np.int32),  # counts
              np.zeros((7, 0), np.float32)]  # witnesses
@@ -712,7 +765,8 @@ def test_a_run_of_vmapped_ticks_reports_the_furthest_lane_and_running(
   seen = []
   monkeypatch.setattr(loops_module.invocations, "tick",
                       lambda *args: seen.append(args))
-  tick = bar_events._Tick(site=1)
+  tick = bar_events._Tick(site=loops_module.invocations.site(
+      loops_module.Undrawn(position=0, interruptible=False)))
   # Three lanes (the batch axis first), two ticks, a while loop's running
   # lanes.
   stacked = [np.full((3, 2), 4, np.int32),

@@ -154,10 +154,12 @@ class _Tick(_BarTap):
                _loops.last_count(count), running, context)
     return ()
 
-  # hostcall.jit's queue hands a run of consecutive ticks over at once.
-  # A bar shows the furthest count, and the run's ticks reach the host at
-  # the same moment, so that only the last tick of each invocation in a
-  # row is drawn; a steered loop's predicate still sees every tick.
+  # The queue hands a run of consecutive ticks over at once. A bar shows
+  # the furthest count, and the run's ticks reach the host at the same
+  # moment (tqdm would draw at most one of them), so that only the last
+  # tick of each invocation in a row is drawn: a short loop's hundred
+  # ticks cost one draw. A steered loop's predicate still sees every tick,
+  # and a bar that redraws at every tick (mininterval=0) draws each.
   joins_calls = True
 
   def deliver_steps(self, stacked, steps, context):
@@ -168,14 +170,17 @@ class _Tick(_BarTap):
     counts = (counts.max(axis=1) if counts.shape[1]
               else np.zeros(steps, np.int64))
     running = np.count_nonzero(active[0], axis=1) if active else None
-    found = {}  # a handle carried -> (the invocation's, steered)
+    found = {}  # a handle carried -> (the invocation's, each tick)
+    each = getattr(_loops.invocations.spec(self.site), "draws_every_tick",
+                   False)
     failure = None
     for i, handle in enumerate(handles.tolist()):
       if handle not in found:
         invocation = _resolved(handle, self.site, context)
-        found[handle] = invocation, _control.controls.watches(invocation)
-      invocation, steered = found[handle]
-      if steered or i + 1 == steps or handles[i + 1] != handle:
+        found[handle] = invocation, (
+            each or _control.controls.watches(invocation))
+      invocation, every_tick = found[handle]
+      if every_tick or i + 1 == steps or handles[i + 1] != handle:
         try:
           self._tick(invocation, int(counts[i]),
                      None if running is None else int(running[i]), context)

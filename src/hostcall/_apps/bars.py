@@ -49,6 +49,13 @@ class BarSpec:
                            leave=self.leave_at(position), file=stream,
                            **options)
 
+  @property
+  def draws_every_tick(self) -> bool:
+    """Whether the bar redraws at every tick (``mininterval=0``): else a
+    run of ticks reaching the host at once is drawn at most once anyway,
+    and only its last need be drawn."""
+    return dict(self.options).get("mininterval", TICK_INTERVAL) == 0
+
   def leave_at(self, position: int) -> bool:
     """Whether the bar stays on screen when done, drawn at row
     ``position``: as given, else only on the top row (tqdm's default:

@@ -148,10 +148,12 @@ class HostTarget(KeyedFields):
   #: instead of one ``deliver`` call per step; None when it has none.
   deliver_steps: Callable | None = None
 
-  #: Whether ``deliver_steps`` may also take consecutive calls of the call
-  #: site from different computations at once (``hostcall.jit``'s calls):
-  #: true where each call stands alone (a metrics row), not where a call
-  #: belongs to its loop's invocation (a progress bar's step).
+  #: Whether ``deliver_steps`` may also take consecutive queued calls of
+  #: the call site at once, from one computation or several (under
+  #: ``jax.jit`` and ``hostcall.jit``): true where each call stands alone
+  #: (a metrics row, a bar's tick, which carries its invocation), not where
+  #: a call belongs to the buffered steps around it (a decorated body's
+  #: step).
   joins_calls: bool = False
 
   #: The JAX function this call site stands in for, named in failure logs

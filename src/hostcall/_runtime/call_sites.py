@@ -117,8 +117,9 @@ class _Sites:
   def add(self, target: HostTarget, contexts, layouts=None,
           joinable: bool = False) -> SiteRef:
     """Registers a call site. ``joinable``: its consecutive queued calls
-    may be delivered together (``hostcall.jit``'s queued calls: each call
-    of a vectorised target that ``joins_calls`` in one ``deliver_steps``)."""
+    may be delivered together (``hostcall.jit``'s queued calls, and those
+    of a vectorised target that ``joins_calls``, in one
+    ``deliver_steps``)."""
     ref = SiteRef(next(self._ids))
     with self._lock:
       self._sites[ref.site] = (target, contexts, layouts)

@@ -16,7 +16,7 @@ import numpy as np
 
 from hostcall import _jax_private
 from hostcall._runtime import call_sites, emission, queue
-from hostcall._core.context import make_context
+from hostcall._core.context import CallContext, make_context
 from hostcall._core.targets import HostTarget
 
 
@@ -26,12 +26,18 @@ def emit(ctx, target: HostTarget, contexts, token, operands, operand_avals,
   consumer = queue.consumer
   consumer.start()  # loads (or builds) the native library on first use
   layouts = call_sites.layouts_of(operand_avals)
+  # A run of consecutive calls of a site whose target joins calls (a bar's
+  # ticks, a metrics row) is delivered at once, as hostcall.jit's are: a
+  # short loop's hundred ticks cost one delivery, not a hundred.
+  joinable = (target.joins_calls and target.deliver_steps is not None
+              and isinstance(contexts, CallContext))
   # An operand without a layout (an extended dtype) is pushed from Python.
   if (layouts is None
       or emission.route(ctx, "enqueue", consumer.native) == "python"):
-    return _emit_python_push(ctx, call_sites.sites.add(target, contexts),
-                             token, operands, operand_avals, op_sharding)
-  site = call_sites.sites.add(target, contexts, layouts)
+    return _emit_python_push(
+        ctx, call_sites.sites.add(target, contexts, joinable=joinable),
+        token, operands, operand_avals, op_sharding)
+  site = call_sites.sites.add(target, contexts, layouts, joinable=joinable)
   if token is not None:
     name = "hostcall_enqueue_ordered"
     operands = [token, *operands]
