@@ -1389,3 +1389,26 @@ def test_another_programs_asynchronous_taps_keep_their_place(mode, first):
   hostcall.barrier()
   names = "AB" if first == "jax.jit" else "BA"
   assert seen == [(name, k) for k in range(200) for name in names]
+
+
+def test_a_barrier_in_another_thread_during_dispatch_leaves_the_call_to_the_next(
+    mode):
+  # Review (issue 42): another thread's barrier while this thread
+  # dispatches (here while it traces the program) must not make this
+  # thread's own barrier, later, skip the call: it settled nothing of a
+  # program not yet dispatched, yet took the "queued since the barrier"
+  # mark with it, so the next barrier returned before the call (as
+  # jax.jit's effects barrier never does).
+  seen = []
+
+  def program(x):
+    other = threading.Thread(target=hostcall.barrier)
+    other.start()
+    other.join()
+    m = jnp.full((256, 256), 1.0 / 256, jnp.float32)
+    y = lax.fori_loop(0, 1500, lambda i, a: jnp.tanh(a @ m) + x[0], m)
+    hostcall.debug_callback(lambda v: seen.append(float(v)), y[0, 0])
+    return y[0, 0]
+  out = hostcall.jit(program)(jnp.full((8,), 0.5, jnp.float32))
+  hostcall.barrier()
+  assert seen == [float(out)]

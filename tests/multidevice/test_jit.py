@@ -262,3 +262,23 @@ def test_a_program_dropped_before_the_barrier_still_delivers(where):
   hostcall.barrier()
   assert seen == [expected] * 3
   assert [float(out) for out in outs] == [expected] * 3
+
+
+@pytest.mark.parametrize("where", ["device 1", "global view"])
+def test_a_barrier_in_another_thread_during_dispatch_leaves_the_call_to_the_next(
+    where):
+  # Review (issue 42): another thread's barrier while this thread
+  # dispatches (here while it traces) must not make this thread's later
+  # barrier skip the program's kept order value.
+  import threading
+  seen = []
+  slow = _slow_then_tap(seen, steps=1500)
+
+  def program(x):
+    other = threading.Thread(target=hostcall.barrier)
+    other.start()
+    other.join()
+    return slow(x)
+  out = hostcall.jit(program)(_slow_input(where))
+  hostcall.barrier()
+  assert seen == [float(out)]

@@ -163,18 +163,21 @@ class Jitted:
       if _dispatching_at_top_level() and _queues_from_the_device():
         if not queue.consumer.started and not _starts(queue.consumer.start):
           return self._plain(*args, **kwargs)  # the interpreter exits
-        # The barrier then waits for this program to have run.
-        deferred.queued_since_barrier = True
         if _SEVERAL:
           # The CPU runtime does not run several devices' programs in the
           # order they were dispatched: the barrier waits for this one's
-          # last call itself.
+          # last call itself (keep_queueing marks it to).
           outs, last = queueing_kept(*args, **kwargs)
           if last is not None:
             deferred.keep_queueing(last)
           return outs
         # (Forwarding no keywords is the cheaper call.)
-        return queueing(*args, **kwargs) if kwargs else queueing(*args)
+        outs = queueing(*args, **kwargs) if kwargs else queueing(*args)
+        # The barrier then waits for this program to have run: marked once
+        # it is dispatched (a barrier another thread runs meanwhile, which
+        # takes the mark, settles programs dispatched before it only).
+        deferred.queued_since_barrier = True
+        return outs
       return self._call_elsewhere(args, kwargs)
 
     functools.update_wrapper(jitted, self._fun)

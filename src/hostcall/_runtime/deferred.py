@@ -88,6 +88,9 @@ class Deferred:
     with self._queueing_lock:
       kept = self._queueing
       kept.append(last)
+      # (Marked here, once dispatched: a barrier another thread ran while
+      # the program was dispatched took an earlier mark.)
+      self.queued_since_barrier = True
       if len(kept) >= self._bound:
         kept = self._queueing = [a for a in kept if not a.is_ready()]
         # (A device far behind: what must wait grows, the checks do not.)
