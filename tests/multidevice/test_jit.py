@@ -282,3 +282,32 @@ def test_a_barrier_in_another_thread_during_dispatch_leaves_the_call_to_the_next
   out = hostcall.jit(program)(_slow_input(where))
   hostcall.barrier()
   assert seen == [float(out)]
+
+
+_COLLECTIVE = r"\b(all-reduce|all-gather|collective-permute|all-to-all|reduce-scatter)(-start)?\("
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "Review (issue 42): under a global view, emit_threaded replicates each "
+    "queued call's order value (_jax_private.replicated), so a program with "
+    "no collective under jax.jit gets an all-reduce under hostcall.jit; "
+    "threads dispatching such programs concurrently then deadlock at the "
+    "CPU runtime's rendezvous and XLA aborts the process after 40 s (jax.jit "
+    "runs the same programs from 4 threads). A fix keeps the order value on "
+    "the chosen device (no replication) where the program's calls are all "
+    "made there."))
+def test_a_global_view_program_gets_no_collective_jax_jit_lacks():
+  import re
+  replicated = NamedSharding(MESH, P())
+
+  def program(x):
+    jax.debug.callback(lambda v: None, x[0])
+    hostcall.debug_callback(lambda v: None, x[1])
+    return x * 2
+  x = jax.device_put(jnp.ones((8,)), replicated)
+  found = []
+  for jitted in (jax.jit(program),
+                 hostcall.jit(program)._hostcall_jitted._active):
+    text = jitted.lower(x).compile().as_text()
+    found.append(sorted({m.group(1) for m in re.finditer(_COLLECTIVE, text)}))
+  assert found[0] == [] and found[1] == found[0]
