@@ -6,10 +6,11 @@ times a plain one. ``hostcall.jit`` compiles the same program with its
 deferrable host calls (see ``hostcall._jit.deferring``) taken out of its
 effects, so that dispatch runs it on the fast path:
 
-* on CPU devices (one or several) with the native tap queue, each call is
+* for a program on one CPU device (of one or several) with the native tap
+  queue, each call is
   queued from the device as the program runs (``hostcall._jit.threaded``:
-  a custom call without a JAX effect, or under a global view of several
-  devices the chosen device's JAX Python callback, ordered by a value
+  a custom call without a JAX effect, or with ``HOSTCALL_NATIVE=0`` a JAX
+  Python callback, ordered by a value
   threaded through the program, ``lax.scan``, ``while_loop`` and ``cond``
   included), and the queue's consumer thread delivers it, as it delivers
   asynchronous taps, in the order the devices made them, with the
@@ -18,7 +19,9 @@ effects, so that dispatch runs it on the fast path:
   strips and keeps until a barrier (``deferred.keep_queueing``): the CPU
   runtime does not run several devices' programs in the order they were
   dispatched, so the barrier waits for each such program itself;
-* elsewhere (an accelerator), the calls' operands become extra outputs,
+* elsewhere (an accelerator; a global view of several devices, whose
+  queued calls' order value would be replicated, a collective
+  ``jax.jit``'s program lacks), the calls' operands become extra outputs,
   and the ``hostcall-deferred`` thread replays the calls once those
   outputs are ready (``hostcall._runtime.deferred``).
 
@@ -127,6 +130,9 @@ class Jitted:
     self._fun = fun
     self._warned = False  # said once why the program stays as it is
     self._plain = jax.jit(fun, **jit_kwargs)
+    # Shardings given: a program over several devices, maybe.
+    self._sharded = bool(jit_kwargs.get("in_shardings") is not None
+                         or jit_kwargs.get("out_shardings") is not None)
     kwargs = dict(jit_kwargs)
     if "out_shardings" in kwargs:  # the deferred outputs: left to XLA
       kwargs["out_shardings"] = (kwargs["out_shardings"], None)
@@ -164,6 +170,13 @@ class Jitted:
         if not queue.consumer.started and not _starts(queue.consumer.start):
           return self._plain(*args, **kwargs)  # the interpreter exits
         if _SEVERAL:
+          if self._sharded or _spans_devices(args, kwargs):
+            # A global view: queued from one device, its calls' order
+            # value would be replicated to the others, a collective
+            # jax.jit's program lacks (threads dispatching such programs
+            # at once deadlocked at the runtime's rendezvous); its calls
+            # become outputs instead.
+            return self._call_elsewhere(args, kwargs)
           # The CPU runtime does not run several devices' programs in the
           # order they were dispatched: the barrier waits for this one's
           # last call itself (keep_queueing marks it to).
@@ -329,6 +342,16 @@ class Jitted:
     self._queueing_kept.clear_cache()
 
 
+def _spans_devices(args, kwargs) -> bool:
+  """Whether an argument lies on several devices (the program is then a
+  global view of them)."""
+  for leaf in jax.tree_util.tree_leaves((args, kwargs)):
+    sharding = getattr(leaf, "sharding", None)
+    if sharding is not None and len(sharding.device_set) > 1:
+      return True
+  return False
+
+
 def _starts(start) -> bool:
   """Whether ``start()`` (of a delivery thread) succeeds; False where the
   interpreter exits and no thread can start (Python 3.12 on)."""
@@ -355,16 +378,17 @@ def jit(fun: Callable | None = None, /, **jit_kwargs: Any):
   ``io_callback`` without results, ``id_tap``/``id_print``,
   ``metrics.Run.log``, ``hostcall.scan``'s flushes) at the top level of the
   function, of a ``jax.jit`` inside it or in a ``lax.scan`` body are
-  compiled without an effect. On CPU devices (one or several) the device
-  queues their values as it runs (``while_loop`` bodies and ``cond``
+  compiled without an effect. For a program on one CPU device (of one or
+  several) the device queues their values as it runs (``while_loop`` bodies and ``cond``
   branches too), and hostcall's consumer thread delivers them in program
-  order, in order with other programs' asynchronous taps; elsewhere
-  they become extra outputs, delivered once the call's outputs are ready.
+  order, in order with other programs' asynchronous taps; elsewhere (an
+  accelerator, a program over several devices) they become extra outputs,
+  delivered once the call's outputs are ready.
   The call returns at once, as ``jax.jit``'s does, and
   ``hostcall.barrier()`` waits for the host functions. A failing host
   function is reported by the next barrier, as an asynchronous tap's is.
 
-  On CPU devices a progress bar's events are queued too (its open
+  There a progress bar's events are queued too (its open
   answers "this device's latest invocation"). A program with a host call
   that must run where it is (a call with results that has an effect, a
   steered loop, and where calls become outputs a progress bar or a tap in
