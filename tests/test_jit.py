@@ -1145,8 +1145,7 @@ def test_jax_debug_callback_gets_what_jax_jit_gives_it(mode, ordered,
   assert logs[jax.jit][:2] == logs[hostcall.jit][:2]
   assert logs[jax.jit][2] == 4 and logs[hostcall.jit][2] == 0
   rows, default, mesh = logs[jax.jit][1][0]
-  assert default == "cpu:0" and mesh == str(
-      jax.sharding.AbstractMesh((), ()))
+  assert default == "cpu:0" and mesh == str(jax.sharding.get_abstract_mesh())
   arrays = [r for r in rows if len(r) > 2]
   assert [r[1] for r in arrays] == [
       "float32", "int8", "bool", "bfloat16", "int4", "float8_e4m3fn",
