@@ -1619,6 +1619,13 @@ def test_cell(flavour, composition, capfd, tmp_path):
     read()
   ours = observe(flavour, composition, metrics_root=tmp_path,
                  read_stdout=read)
+  if flavour == "pure_callback" and "jvp" in composition:
+    # A pure call and its derivative rule's call under jvp are independent
+    # (neither reads the other's result): XLA orders them as it likes
+    # (0.10 the primal first in a scan step, 0.12 the rule): the same calls.
+    assert sorted(ours) == sorted(events.split()), (
+        key(flavour, composition), ours)
+    ours = events.split()
   assert ours == events.split(), (key(flavour, composition), ours)
   if note == "=" or _jax_note(note) is not None:
     theirs = observe(flavour, composition, jax_flavour=True, read_stdout=read)
