@@ -181,6 +181,20 @@ _ORDER_PLACES = [pytest.param(w, marks=_GLOBAL_VIEW_ORDER)
                  if w == "global view" else w for w in _PLACES]
 
 
+def _interleaved(where, order: str) -> list:
+  """What the host got from 200 steps each calling the jax.jit program
+  ("A") and the hostcall.jit one ("B") in ``order``, on ``where``'s
+  values, then a barrier."""
+  seen = []
+  programs = dict(zip("AB", _taps_and_calls(seen)))
+  place = _PLACES[where]
+  for k in range(200):
+    for name in order:
+      programs[name](place(k))
+  hostcall.barrier()
+  return seen
+
+
 @pytest.mark.parametrize("where", _ORDER_PLACES)
 def test_an_earlier_programs_asynchronous_taps_come_first(where):
   # A jax.jit program's asynchronous taps and a later hostcall.jit
@@ -188,14 +202,8 @@ def test_an_earlier_programs_asynchronous_taps_come_first(where):
   # several devices too (issue 42: the later program's came first in most
   # steps when its calls became outputs), with either route into the queue
   # (tests/test_multidevice.py runs this with HOSTCALL_NATIVE=0 too).
-  seen = []
-  tapped, queued = _taps_and_calls(seen)
-  place = _PLACES[where]
-  for k in range(200):
-    tapped(place(k))
-    queued(place(k))
-  hostcall.barrier()
-  assert seen == [(name, k) for k in range(200) for name in "AB"]
+  assert _interleaved(where, "AB") == [
+      (name, k) for k in range(200) for name in "AB"]
 
 
 @pytest.mark.parametrize("where", _ORDER_PLACES)
@@ -204,14 +212,8 @@ def test_a_later_programs_asynchronous_taps_come_after(where):
   # asynchronous taps. (Its program is small, run when dispatched: a
   # jax.jit program with an effect may overtake a long one still running,
   # on one device too, which docs/performance.md says.)
-  seen = []
-  tapped, queued = _taps_and_calls(seen)
-  place = _PLACES[where]
-  for k in range(200):
-    queued(place(k))
-    tapped(place(k))
-  hostcall.barrier()
-  assert seen == [(name, k) for k in range(200) for name in "BA"]
+  assert _interleaved(where, "BA") == [
+      (name, k) for k in range(200) for name in "BA"]
 
 
 def _slow_then_tap(seen, steps=200):

@@ -216,7 +216,8 @@ class Jitted:
 
   @property
   def _active(self):
-    """The ``jax.jit`` function a call of this one runs here."""
+    """The ``jax.jit`` function a call of this one runs here (a call
+    whose arguments lie on several devices runs ``_deferring``)."""
     if _queues_from_the_device():
       return self._queueing_kept if _SEVERAL else self._queueing
     return self._deferring
