@@ -279,3 +279,49 @@ def test_a_writes_worth_of_blocks_is_written_without_waiting_out_the_window(
   _wait_until(writers, lambda: writers._pending_blocks == 0)
   assert [s for steps, _ in run.got for s in steps] == [0, 1, 2]
   assert run.written == 3
+
+
+def test_blocks_handed_over_in_one_trip_are_written_once_it_ends(
+    monkeypatch):
+  # A delivery thread's trip ends (calls.trip_ended): no more blocks come
+  # before its next, so the writer writes what it has rather than waiting
+  # out its window.
+  writers = _started_writer_thread(monkeypatch, GATHER_SECONDS=3600.0)
+  run = _FakeRun()
+  writers.put(run, _block(0))
+  writers.put(run, _block(1, 2))
+  writers.trip_ended()
+  _wait_until(writers, lambda: writers._pending_blocks == 0)
+  assert run.got == [([0, 1, 2], 2)]  # one write
+  writers.trip_ended()  # with nothing waiting: nothing to write
+  writers.put(run, _block(3))
+  writers.trip_ended()
+  _wait_until(writers, lambda: writers._pending_blocks == 0)
+  assert run.got == [([0, 1, 2], 2), ([3], 1)]
+
+
+@pytest.mark.parametrize("jit", ["jax.jit", "hostcall.jit"])
+def test_a_programs_rows_are_written_once_delivered_with_no_one_waiting(
+    jit, tmp_path, monkeypatch):
+  # The rows a trip of the delivery thread hands over are written while
+  # the caller goes on: not at its next barrier, a window later.
+  from hostcall._runtime import queue as queue_module
+  writers = writer_thread.shared
+  monkeypatch.setattr(writers, "GATHER_SECONDS", 3600.0)
+  run = metrics.Run("trip", root=tmp_path)
+  wrap = jax.jit if jit == "jax.jit" else hostcall.jit
+  body = wrap(lambda x: jax.lax.scan(
+      lambda c, i: (c + 1.0, run.log(i, loss=c)), x, jnp.arange(40))[0])
+  hostcall.barrier()
+  tally = run._sink.current().tally
+  written = tally.written
+  with hostcall.delivery("async"):
+    body(jnp.float32(0.5)).block_until_ready()
+  jax.effects_barrier()
+  assert queue_module.consumer.drain(timeout=60)
+  with tally.changed:
+    assert tally.changed.wait_for(lambda: tally.written > written,
+                                  timeout=60)
+  run.close()
+  assert metrics.read(tmp_path / "trip")["loss"].tolist() == [
+      0.5 + i for i in range(40)]

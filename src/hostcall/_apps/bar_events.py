@@ -174,7 +174,9 @@ class _Tick(_BarTap):
     each = getattr(_loops.invocations.spec(self.site), "draws_every_tick",
                    False)
     failure = None
-    for i, handle in enumerate(handles.tolist()):
+    handles, counts = handles.tolist(), counts.tolist()
+    running = None if running is None else running.tolist()
+    for i, handle in enumerate(handles):
       if handle not in found:
         invocation = _resolved(handle, self.site, context)
         found[handle] = invocation, (
@@ -182,8 +184,8 @@ class _Tick(_BarTap):
       invocation, every_tick = found[handle]
       if every_tick or i + 1 == steps or handles[i + 1] != handle:
         try:
-          self._tick(invocation, int(counts[i]),
-                     None if running is None else int(running[i]), context)
+          self._tick(invocation, counts[i],
+                     None if running is None else running[i], context)
         except BaseException as exc:  # noqa: BLE001 - raised after the rest
           # Each tick fails alone: the later ones still reach their
           # steered loop's checks, which wait for them.

@@ -45,6 +45,22 @@ def add_abort_hook(hook: Callable[[], None]) -> None:
   _abort_hooks.append(hook)
 
 
+_trip_hooks: list[Callable[[], None]] = []
+
+
+def add_trip_hook(hook: Callable[[], None]) -> None:
+  """Runs ``hook()`` each time a delivery thread (the queue's consumer,
+  ``hostcall.jit``'s deferred thread) has delivered what it took in one
+  trip: no more calls come before its next trip (a gather window away), so
+  that what they handed on (a metrics writer's blocks) may go now."""
+  _trip_hooks.append(hook)
+
+
+def trip_ended() -> None:
+  """Runs the trip hooks (see ``add_trip_hook``)."""
+  run_hooks(_trip_hooks)
+
+
 def run_hooks(hooks: Sequence[Callable[[], None]]) -> None:
   """Runs each hook; one that raises is logged and the others still run."""
   for hook in list(hooks):

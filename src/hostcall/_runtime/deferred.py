@@ -205,6 +205,7 @@ class Deferred:
             self._delivered += len(group)
             self._cond.notify_all()
       batch = fetched = packs = None
+      calls.trip_ended()
 
   def pending(self) -> int:
     with self._cond:

@@ -186,6 +186,7 @@ class Consumer:
         while run:
           self._delivering_run(site, [run.pop()], q)
       run = None
+      calls.trip_ended()
       try:
         self.prune()
       except BaseException:  # noqa: BLE001 - the consumer never dies
