@@ -5,6 +5,7 @@ out the window."""
 import io
 import math
 import threading
+import time
 
 import jax
 import jax.numpy as jnp
@@ -25,15 +26,16 @@ FOREVER = 3600.0
 def window():
   """Sets the delivery thread's window (bypassing the 1 s bound, to make a
   missed wake-up a hang) and restores the default after the test."""
-  def set_window(seconds):
+  def set_window(seconds, idle=None):
     hostcall.barrier()
     asynchronous.consumer.gather = seconds
+    asynchronous.consumer.idle_gather = seconds if idle is None else idle
     # The delivery thread may be in a trip begun with the old window: a
     # barrier with nothing queued does not end it; one tap does.
     jax.jit(lambda: hcb.id_tap(lambda *a: None, 0, delivery="async"))()
     hostcall.barrier()
   yield set_window
-  set_window(asynchronous.DEFAULT_GATHER)
+  set_window(asynchronous.DEFAULT_GATHER, asynchronous.IDLE_GATHER)
 
 
 def _in_thread(run, guard=60.0):
@@ -141,4 +143,52 @@ def test_the_window_takes_any_real_number_of_seconds():
       hostcall.set_gather_window(given)
       assert asynchronous.consumer.gather == float(given)
   finally:
-    hostcall.set_gather_window(asynchronous.DEFAULT_GATHER)
+    asynchronous.consumer.gather = asynchronous.DEFAULT_GATHER
+    asynchronous.consumer.idle_gather = asynchronous.IDLE_GATHER
+
+
+class _Load:
+  def __init__(self, busy):
+    self.busy = lambda: busy
+
+
+@pytest.mark.parametrize("busy", [True, False])
+def test_the_default_window_is_shorter_while_the_main_thread_waits(
+    busy, monkeypatch):
+  consumer = asynchronous.consumer
+  monkeypatch.setattr(consumer, "_main_thread", _Load(busy))
+  assert consumer._window() == (asynchronous.DEFAULT_GATHER if busy
+                                else asynchronous.IDLE_GATHER)
+  try:  # a window given holds whatever the main thread does
+    for given in (0.05, 0.0, 0.001):
+      hostcall.set_gather_window(given)
+      assert consumer._window() == given
+  finally:
+    consumer.gather = asynchronous.DEFAULT_GATHER
+    consumer.idle_gather = asynchronous.IDLE_GATHER
+
+
+def test_the_main_threads_load_tells_a_busy_thread_from_a_waiting_one():
+  load = asynchronous._MainThreadLoad()
+  told, spun, waited = [], threading.Event(), threading.Event()
+
+  def spin(seconds):  # this thread's own time passes, the clock's too
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+      pass
+
+  def watch():
+    load.busy()  # the first look
+    spun.wait(60)  # the main thread has spun since
+    told.append(load.busy())
+    spin(0.05)  # the main thread waits meanwhile
+    told.append(load.busy())
+    waited.set()
+
+  watcher = threading.Thread(target=watch, daemon=True)
+  watcher.start()
+  spin(0.05)
+  spun.set()
+  assert waited.wait(60)
+  watcher.join(60)
+  assert told == [True, False]

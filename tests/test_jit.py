@@ -173,6 +173,21 @@ def test_delivered_in_program_order():
   assert [c[0] for c in log.calls] == ["a", "b", "c"]
 
 
+def test_a_barrier_under_a_transfer_guard_that_disallows_waits_and_delivers():
+  # The barrier settles queued programs by running one of its own: it
+  # transfers nothing, and needs no guard lifted.
+  seen = []
+  step = hostcall.jit(lambda x: hostcall.debug_callback(
+      lambda v: seen.append(float(v)), x * 2.0) or x + 1.0)
+  x = jnp.float32(1.0)
+  with jax.transfer_guard("disallow"):
+    for _ in range(3):
+      x = step(x)
+    hostcall.barrier()
+    assert seen == [2.0, 4.0, 6.0]
+  assert float(x) == 4.0
+
+
 def test_what_the_scan_program_delivers_step_by_step():
   log, _ = _run(hostcall.jit, _scan, (np.float32([1, 2]),), calls=1)
   assert log.calls == [
@@ -902,7 +917,7 @@ def test_a_queued_call_python_cannot_read_loses_only_itself(mode,
     raise exc
 
   from hostcall._runtime import queue as queue_module
-  gather = queue_module.consumer.gather
+  gather = (queue_module.consumer.gather, queue_module.consumer.idle_gather)
   hostcall.set_gather_window(1.0)  # the three calls in one batch
   try:
     monkeypatch.setattr(queues, "_new_block", no_buffer)
@@ -914,7 +929,7 @@ def test_a_queued_call_python_cannot_read_loses_only_itself(mode,
       hostcall.barrier()
   finally:
     monkeypatch.undo()
-    hostcall.set_gather_window(gather)
+    queue_module.consumer.gather, queue_module.consumer.idle_gather = gather
   assert seen == [0, 2]
 
 
