@@ -192,3 +192,28 @@ def test_the_main_threads_load_tells_a_busy_thread_from_a_waiting_one():
   assert waited.wait(60)
   watcher.join(60)
   assert told == [True, False]
+
+
+class _HookFailure(BaseException):
+  pass
+
+
+def test_a_failing_trip_hook_is_logged_and_delivery_goes_on(recorder,
+                                                             caplog):
+  from hostcall._runtime import calls
+  ran = []
+
+  def failing():
+    ran.append(True)
+    raise _HookFailure("a trip hook")
+
+  calls.add_trip_hook(failing)
+  try:
+    for i in range(2):  # a trip each: the thread outlives the first
+      jax.jit(lambda: hcb.id_tap(recorder, i, delivery="async"))()
+      hostcall.barrier()
+  finally:
+    calls._trip_hooks.remove(failing)
+  assert [int(v) for v in recorder.values] == [0, 1]
+  assert len(ran) >= 2
+  assert "a delivery trip's hook failed" in caplog.text

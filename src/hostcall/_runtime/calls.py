@@ -57,8 +57,12 @@ def add_trip_hook(hook: Callable[[], None]) -> None:
 
 
 def trip_ended() -> None:
-  """Runs the trip hooks (see ``add_trip_hook``)."""
-  run_hooks(_trip_hooks)
+  """Runs the trip hooks (see ``add_trip_hook``); raises nothing: the
+  delivery threads never die."""
+  try:
+    run_hooks(_trip_hooks)
+  except BaseException:  # noqa: BLE001 - (run_hooks logs an Exception)
+    logger.exception("hostcall: a delivery trip's hook failed")
 
 
 def run_hooks(hooks: Sequence[Callable[[], None]]) -> None:
