@@ -170,6 +170,9 @@ def test_the_default_window_is_shorter_while_the_main_thread_waits(
 
 def test_the_main_threads_load_tells_a_busy_thread_from_a_waiting_one():
   load = asynchronous._MainThreadLoad()
+  # (A loaded machine gives the spinning thread less than its core: any
+  # share of it tells it from a waiting one, whose CPU time stands still.)
+  load.BUSY = 0.02
   told, spun, waited = [], threading.Event(), threading.Event()
 
   def spin(seconds):  # this thread's own time passes, the clock's too
