@@ -424,7 +424,7 @@ def set_queue_capacity(nbytes: int) -> None:
   consumer.set_capacity(nbytes)
 
 
-def set_gather_window(seconds: float) -> None:
+def set_gather_window(seconds: float | None) -> None:
   """How long asynchronous taps may wait on the host to be delivered
   together (default 0.01 s, 0.002 s while the main thread waits).
 
@@ -447,13 +447,17 @@ def set_gather_window(seconds: float) -> None:
   given here holds whatever the main thread does.
 
   Arguments:
-    seconds: from 0 (deliver every tap as soon as it comes) to 1.
+    seconds: from 0 (deliver every tap as soon as it comes) to 1; None
+      for the default.
 
   Example:
     >>> import hostcall
     >>> hostcall.set_gather_window(0.001)
-    >>> hostcall.set_gather_window(0.01)  # the default
+    >>> hostcall.set_gather_window(None)  # the default
   """
+  if seconds is None:
+    consumer.gather, consumer.idle_gather = DEFAULT_GATHER, IDLE_GATHER
+    return
   try:
     value = float(seconds)
   except (TypeError, ValueError):
@@ -461,7 +465,9 @@ def set_gather_window(seconds: float) -> None:
   if isinstance(seconds, bool) or not 0 <= value <= _MAX_GATHER:
     raise ValueError(
         f"the gather window is a number of seconds from 0 to {_MAX_GATHER}; "
-        f"got {seconds!r}. The default is {DEFAULT_GATHER}.")
+        f"got {seconds!r}. The default is {DEFAULT_GATHER} "
+        f"({IDLE_GATHER} while the main thread waits): "
+        "set_gather_window(None).")
   # From the delivery thread's next trip; whatever the main thread does.
   consumer.gather = consumer.idle_gather = value
 
