@@ -325,3 +325,24 @@ def test_a_programs_rows_are_written_once_delivered_with_no_one_waiting(
   run.close()
   assert metrics.read(tmp_path / "trip")["loss"].tolist() == [
       0.5 + i for i in range(40)]
+
+
+def test_a_put_waiting_for_room_ends_the_writers_window(monkeypatch):
+  # A backlog bound below what the writer gathers: the put that waits for
+  # room wakes the writer rather than waiting out its window.
+  writers = _started_writer_thread(monkeypatch, GATHER_SECONDS=3600.0,
+                                   MAX_PENDING_BLOCKS=2)
+  run = _FakeRun()
+  done = threading.Event()
+
+  def put_three():
+    for step in range(3):
+      writers.put(run, _block(step))
+    done.set()
+
+  threading.Thread(target=put_three, daemon=True).start()
+  assert done.wait(60), "the third put waited out the writer's window"
+  with writers.hurried():
+    _wait_until(writers, lambda: writers._pending_blocks == 0)
+  assert [s for steps, _ in run.got for s in steps] == [0, 1, 2]
+  assert run.written == 3

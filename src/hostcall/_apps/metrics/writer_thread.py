@@ -113,6 +113,7 @@ class WriterThread:
     self._gathering = False
     self._hurried = 0
     self._trip_ended = False
+    self._waiting_for_room = 0
 
   @property
   def is_writer(self) -> bool:
@@ -130,9 +131,18 @@ class WriterThread:
         self._thread.start()
       if not self.is_writer and block is not RESUME:
         # One block larger than the bound still goes through alone.
-        self._room.wait_for(lambda: self._pending_blocks == 0 or (
-            self._pending_bytes + size <= self.MAX_PENDING_BYTES
-            and self._pending_blocks < self.MAX_PENDING_BLOCKS))
+        def room():
+          return self._pending_blocks == 0 or (
+              self._pending_bytes + size <= self.MAX_PENDING_BYTES
+              and self._pending_blocks < self.MAX_PENDING_BLOCKS)
+        if not room():
+          # The writer must not gather while someone waits for room.
+          self._waiting_for_room += 1
+          self._gathered.notify()
+          try:
+            self._room.wait_for(room)
+          finally:
+            self._waiting_for_room -= 1
       self._pending_bytes += size
       self._pending_blocks += 1
       self._room.notify_all()  # for whoever watches the backlog
@@ -171,7 +181,7 @@ class WriterThread:
 
   def _gathered_enough(self) -> bool:
     """Whether the writer should write now (with ``_lock`` held)."""
-    return bool(self._hurried or self._trip_ended
+    return bool(self._hurried or self._trip_ended or self._waiting_for_room
                 or self._pending_blocks >= self.MERGE_BLOCKS
                 or self._pending_bytes >= self.GATHER_BYTES)
 
