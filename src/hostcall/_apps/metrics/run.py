@@ -295,20 +295,6 @@ class Run:
                          processes=processes, job=job, exists=exists)
     self.id = self._sink.id
     self.writers: list = self._sink.writers
-    self._pid = os.getpid()  # a forked child's copy is not its run
-
-  def _refuse_in_a_forked_child(self, what: str) -> None:
-    """Raises where this process is a child forked (``os.fork()``) after
-    the run opened: its rows and files are the parent's (a flush here would
-    write the parent's buffered rows twice, a wait would wait for rows
-    only the parent's writer thread writes)."""
-    if self._pid != os.getpid():
-      raise RuntimeError(
-          f"{self!r} was opened by process {self._pid}; this process "
-          f"({os.getpid()}) is a child forked from it, and cannot {what}: "
-          "the run's rows and files are the parent's. Open a new Run in "
-          "the child, or start workers with the 'spawn' method of "
-          "multiprocessing (JAX is not fork-safe either).")
 
   def __repr__(self):
     return f"hostcall.metrics.Run({self.name!r}, dir={str(self.dir)!r})"
@@ -334,7 +320,7 @@ class Run:
     Works inside and outside ``jit``; returns nothing. The values reach the
     writers asynchronously (see ``hostcall.set_delivery``).
     """
-    self._refuse_in_a_forked_child("log to it")
+    self._sink.refuse_in_a_forked_child("log to it")
     step, metrics = _metrics_of(args, step, metrics)
     sink = self._sink.current()
     if sink.closed:
@@ -404,7 +390,7 @@ class Run:
       >>> run.records()
       [{'step': 0, 'grad_norm/w': 10.0}]
     """
-    self._refuse_in_a_forked_child("log to it")
+    self._sink.refuse_in_a_forked_child("log to it")
     stats = (stats,) if isinstance(stats, str) else tuple(stats)
     unknown = [s for s in stats if s not in GRAD_STATS]
     if unknown or not stats:
@@ -442,7 +428,7 @@ class Run:
   def flush(self) -> None:
     """Waits for the computations running, then writes every row logged so
     far to the writers' files."""
-    self._refuse_in_a_forked_child("flush it")
+    self._sink.refuse_in_a_forked_child("flush it")
     inside = why_waiting_is_forbidden()
     if inside is not None:
       raise RuntimeError(
@@ -457,7 +443,7 @@ class Run:
     child forked after the run opened, does nothing: the parent closes it
     (a ``with`` block the fork happened in ends in both)."""
     sink = self._sink.current()
-    if sink.closed or self._pid != os.getpid():
+    if sink.closed or self._sink.pid != os.getpid():
       return
     self.flush()
     sink.close()

@@ -74,6 +74,7 @@ class RunSink:
     self.id = next(_ids)
     self.name = name
     self.dir = run_dir
+    self.pid = os.getpid()  # a forked child's copy is not its run
     self.successor: RunSink | None = None
     self.lock = threading.Lock()
     self.tally = writer_thread.Tally(self.lock)
@@ -212,6 +213,19 @@ class RunSink:
           "did not close their run within %.0f s (close the run in every "
           "process, before jax.distributed shuts down)", self, missing,
           self.GATHER_TIMEOUT)
+
+  def refuse_in_a_forked_child(self, what: str) -> None:
+    """Raises where this process is a child forked (``os.fork()``) after
+    the run opened: its rows and files are the parent's (a flush here would
+    write the parent's buffered rows twice, a wait would wait for rows
+    only the parent's writer thread writes)."""
+    if self.pid != os.getpid():
+      raise RuntimeError(
+          f"hostcall.metrics.Run({self.name!r}) was opened by process "
+          f"{self.pid}; this process ({os.getpid()}) is a child forked from "
+          f"it, and cannot {what}: the run's rows and files are the "
+          "parent's. Open a new Run in the child, or start workers with the "
+          "'spawn' method of multiprocessing (JAX is not fork-safe either).")
 
   def current(self) -> "RunSink":
     """The sink that takes this one's rows now: itself, or the last of its
