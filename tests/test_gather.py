@@ -144,8 +144,7 @@ def test_the_window_takes_any_real_number_of_seconds():
       hostcall.set_gather_window(given)
       assert asynchronous.consumer.gather == float(given)
   finally:
-    asynchronous.consumer.gather = asynchronous.DEFAULT_GATHER
-    asynchronous.consumer.idle_gather = asynchronous.IDLE_GATHER
+    hostcall.set_gather_window(None)
 
 
 class _Load:

@@ -916,8 +916,6 @@ def test_a_queued_call_python_cannot_read_loses_only_itself(mode,
   def _raise(exc):
     raise exc
 
-  from hostcall._runtime import queue as queue_module
-  gather = (queue_module.consumer.gather, queue_module.consumer.idle_gather)
   hostcall.set_gather_window(1.0)  # the three calls in one batch
   try:
     monkeypatch.setattr(queues, "_new_block", no_buffer)
@@ -929,7 +927,7 @@ def test_a_queued_call_python_cannot_read_loses_only_itself(mode,
       hostcall.barrier()
   finally:
     monkeypatch.undo()
-    queue_module.consumer.gather, queue_module.consumer.idle_gather = gather
+    hostcall.set_gather_window(None)
   assert seen == [0, 2]
 
 

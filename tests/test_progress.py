@@ -147,9 +147,7 @@ def test_a_short_loops_ticks_under_jax_jit_are_drawn_as_one_run(
   # that redraws at every tick (mininterval=0) draws each. The delivery
   # thread gathers for up to a second: the loop's ticks (microseconds
   # apart) join one run, which the barrier takes.
-  from hostcall._runtime import queue as queue_module
   hostcall.barrier()
-  gather = (queue_module.consumer.gather, queue_module.consumer.idle_gather)
   hostcall.set_gather_window(1.0)
   drawn = calls("tick", 2)
   options = {} if mininterval is None else {"mininterval": mininterval}
@@ -161,7 +159,7 @@ def test_a_short_loops_ticks_under_jax_jit_are_drawn_as_one_run(
     assert int(run()) == 100
     hostcall.barrier()
   finally:
-    queue_module.consumer.gather, queue_module.consumer.idle_gather = gather
+    hostcall.set_gather_window(None)
   assert received_ticks == list(range(1, 101))
   assert drawn == (list(range(1, 101)) if mininterval == 0 else [100])
   assert _final_counts(out, "short") == ["100/100"]
