@@ -982,6 +982,40 @@ def test_the_guard_can_tell_whether_this_thread_holds_tqdms_locks():
     assert [tqdm_guard._held(lock) for lock in locks] == [True] * len(locks)
 
 
+@pytest.mark.parametrize("jit", [jax.jit, hostcall.jit])
+def test_a_disabled_bar_is_never_made_and_its_loop_still_runs_and_stops(
+    jit, monkeypatch):
+  # tqdm(disable=True) draws nothing and takes no row: making one only cost
+  # a steered loop's open, which the device waits for.
+  made = []
+  original = bars_module.BarSpec.make
+  monkeypatch.setattr(bars_module.BarSpec, "make",
+                      lambda self, *a: made.append(self.desc)
+                      or original(self, *a))
+  seen = []
+
+  def loop(**options):
+    return jit(lambda x: progress.scan(lambda c, _: (c + 1, None), x,
+                                       length=50, every=5, **options))
+
+  steered = loop(disable=True, desc="off",
+                 stop_when=lambda s: seen.append(s.steps) or s.steps >= 20)
+  result = steered(0)
+  timed = loop(disable=True, desc="off", time_limit=3600.0)(0)
+  plain = loop(disable=True, desc="off")(0)
+  drawn = loop(disable=False, desc="on", file=io.StringIO())(0)
+  hostcall.barrier()
+  # Within one check of the predicate's answer (a check waits for it to
+  # have seen the chunk before its own); it saw every tick.
+  stopped_at = int(result.value[0])
+  assert stopped_at in (20, 25) and bool(result.stopped)
+  assert seen == list(range(5, stopped_at + 1, 5))
+  assert int(timed.value[0]) == 50 and not bool(timed.stopped)
+  assert int(plain[0]) == 50 and int(drawn[0]) == 50
+  assert made == ["on"]
+  assert _open_bars() == []
+
+
 def test_a_bar_that_fails_to_open_leaves_no_row_behind():
   # tqdm registers a bar (for the rows bars take) before it draws it.
   import gc
