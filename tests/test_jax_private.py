@@ -619,6 +619,52 @@ def test_debug_callback_on_cpu_does_what_jaxs_implementation_does(caplog):
   assert caplog.records[-1].getMessage() == "jax.debug.callback failed"
 
 
+def test_debug_callback_on_cpu_in_a_runs_scope_does_the_same(caplog):
+  # A run of calls delivered one after another enters JAX's contexts once
+  # (call.scope()): each call sees what it sees in its own, one that fails
+  # is logged and raised alone, and a call a callback makes after changing
+  # the default device still gets the CPU, as under JAX's implementation.
+  from jax._src import debugging
+  seen = []
+
+  def state(args):
+    return ([(type(a), a.dtype, a.shape, a._committed,
+              np.asarray(a).tolist()) for a in args]
+            + [str(jax.config.jax_default_device),
+               str(jax.sharding.get_abstract_mesh())])
+
+  avals = [_jax_private.ShapedArray((), jnp.float32)]
+  call = _jax_private.debug_callback_on_cpu(
+      lambda *a: seen.append(state(a)), avals)
+
+  def nesting(*args):
+    seen.append(state(args))
+    with jax.default_device(None), jax.sharding.use_abstract_mesh(
+        jax.sharding.AbstractMesh((1,), ("i",))):
+      call(np.float32(7))
+  nested = _jax_private.debug_callback_on_cpu(nesting, avals)
+
+  def failing(*args):
+    raise ValueError("no")
+  failing_call = _jax_private.debug_callback_on_cpu(failing, avals)
+  debugging.debug_callback_impl(np.float32(1), callback=lambda *a: seen.append(
+      state(a)), effect=None, partitioned=False)
+  expected = seen.pop()
+  default_before = str(jax.config.jax_default_device)
+  with call.scope():
+    call(np.float32(1))
+    with pytest.raises(ValueError, match="no"):
+      failing_call(np.float32(1))
+    nested(np.float32(1))
+    call(np.float32(1))
+  assert seen[0] == seen[1] == seen[3] == expected
+  assert seen[2][0][-1] == 7 and seen[2][1:] == expected[1:]
+  assert caplog.records[-1].getMessage() == "jax.debug.callback failed"
+  # Outside the scope, nothing of it is left in force.
+  assert str(jax.config.jax_default_device) == default_before
+  assert not _jax_private.runtime._scopes.open
+
+
 def test_not_really_effects_are_jaxs_effect_types():
   assert _jax_private.NOT_REALLY_EFFECTS
   assert all(isinstance(t, type) for t in _jax_private.NOT_REALLY_EFFECTS)

@@ -184,6 +184,10 @@ class CallbackTarget(CallTarget):
                               f"{self.flavour}: the callback {name!r}")
     return call
 
+  def run_scope(self, context: CallContext):
+    scope = getattr(self.callback, "run_scope", None)
+    return None if scope is None else scope()
+
   def lines_writer(self, context: CallContext):
     if (self.flavour not in ("debug_print", "debug_callback")
         or context.batch_levels

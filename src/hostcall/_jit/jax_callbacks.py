@@ -88,6 +88,11 @@ class _Eager:
         self.params["callback"], [v.aval for v in eqn.invars])
         if eqn.primitive.name == "debug_callback" else None)
 
+  def run_scope(self):
+    """JAX's contexts entered once for a run of calls (see
+    ``CallbackTarget.run_scope``), where this is a debug callback."""
+    return None if self._on_cpu is None else self._on_cpu.scope()
+
   def __call__(self, *args):
     if self._on_cpu is not None:
       self._on_cpu(*args)

@@ -22,6 +22,7 @@ the status ``sys.exit()`` asked for, as the ``SystemExit`` would have.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 from typing import Callable, Iterable, Sequence
@@ -150,7 +151,8 @@ def run_each(target: HostTarget, flats: Iterable, context: CallContext,
   ``flats``: each call's flat arguments, or with ``single`` its one
   argument."""
   call = target.caller(context)
-  with calling(context, True):
+  scope = target.run_scope(context)
+  with calling(context, True), scope or contextlib.nullcontext():
     # One frame for the run, not one a call: a small call costs little
     # more than the host function itself.
     if single:
