@@ -119,6 +119,29 @@ def test_a_steered_loop_with_a_predicate_does_not_wait_out_the_window(
   assert seen[:3] == [100, 200, 300]
 
 
+def test_flush_soon_delivers_what_is_queued_and_later_taps_gather(
+    window, recorder):
+  # A barrier asks for it first, so that the delivery thread wakes while
+  # running computations settle: it takes what is queued then, in one
+  # trip, and what comes after it gathers again.
+  window(FOREVER)
+  trips = hostcall.queue_stats()["trips"]
+  _tapping_loop(recorder, 50)().block_until_ready()
+  asynchronous.consumer.flush_soon()
+  _wait_for(lambda: len(recorder.calls) == 50)
+  assert hostcall.queue_stats()["trips"] == trips + 1
+  jax.jit(lambda: hcb.id_tap(recorder, jnp.full((1,), 50),
+                             delivery="async"))().block_until_ready()
+  # Left gathering (the window is an hour): nothing asks for it now. The
+  # next flush takes it.
+  assert hostcall.queue_stats()["queued"] == 1 and len(recorder.calls) == 50
+  asynchronous.consumer.flush_soon()
+  _wait_for(lambda: len(recorder.calls) == 51)
+  hostcall.barrier()
+  assert [v[0] for v in recorder.values] == list(range(51))
+  assert hostcall.queue_stats()["trips"] == trips + 2
+
+
 def test_taps_are_delivered_in_order_with_no_window(window, recorder):
   window(0.0)
   _tapping_loop(recorder, 300)()

@@ -54,6 +54,9 @@ struct Queue {
   bool consumer_gathering = false;
   int64_t gather_items = 0;  // what one pop takes at most
   int64_t hurry = 0;         // threads waiting for delivery (barriers)
+  // The items queued now are to be taken at once (hostcall_flush_soon),
+  // those queued after them gather as usual.
+  bool flush = false;
   int producers_waiting = 0;
   // The consumer thread: a tap made while it delivers (a host function that
   // runs a JAX computation with asynchronous taps) must not wait for room
@@ -135,7 +138,7 @@ void Release(Queue& q, Item* item) {
 // steered loop whose checks wait for its predicate; or a producer that
 // needs room), or they fill a batch or a quarter of the queue.
 bool Urgent(const Queue& q) {
-  return q.hurry > 0 || q.producers_waiting > 0 ||
+  return q.hurry > 0 || q.flush || q.producers_waiting > 0 ||
          static_cast<int64_t>(q.items.size()) >= q.gather_items ||
          q.bytes >= q.capacity / 4;
 }
@@ -299,6 +302,7 @@ int64_t hostcall_pop(int64_t timeout_ms, int64_t max_items, int64_t gather_us,
     q.items.pop_front();
   }
   if (n) ++q.trips;
+  if (q.items.empty()) q.flush = false;  // what it asked for is taken
   return n;
 }
 
@@ -378,6 +382,20 @@ void hostcall_hurry(int64_t delta) {
     q.hurry += delta;
   }
   if (delta > 0) q.not_empty.notify_one();
+}
+
+// The items queued now are taken without waiting for more to gather (a
+// barrier about to wait for them: the consumer wakes while the barrier
+// settles running computations), and nothing after them is hurried.
+void hostcall_flush_soon() {
+  Queue& q = queue();
+  {
+    std::lock_guard<std::mutex> lock(q.mu);
+    if (q.items.empty()) return;
+    q.flush = true;
+    if (!q.consumer_gathering) return;  // it takes them when it looks
+  }
+  q.not_empty.notify_one();
 }
 
 // Lets producers through a full queue (1) or not (0); see Queue::bypass.

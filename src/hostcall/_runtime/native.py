@@ -20,6 +20,7 @@ LIBRARY = libraries.Library(
     signatures={
         "hostcall_pop": ([_i64, _i64, _i64, ctypes.POINTER(_vp)], _i64),
         "hostcall_hurry": ([_i64], None),
+        "hostcall_flush_soon": ([], None),
         "hostcall_uncount_many": ([ctypes.POINTER(_vp), _i64], None),
         "hostcall_free": ([_vp], None),
         "hostcall_describe": ([_vp, _p64], None),

@@ -49,6 +49,11 @@ class NativeQueue:
     waits, items are taken without gathering."""
     self.lib.held.hostcall_hurry(delta)
 
+  def flush_soon(self) -> None:
+    """The items queued now are taken without gathering; later ones gather
+    as usual."""
+    self.lib.held.hostcall_flush_soon()
+
   def pop_batch(self, timeout: float, gather: float = 0.0) -> list:
     """The queued items in runs (see ``runs``; maybe none): the items
     queued from Python with their ``arrays``, the others with ``raw``, the
