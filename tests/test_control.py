@@ -20,6 +20,7 @@ import pytest
 import hostcall
 from hostcall import control
 from hostcall._apps import loops as loops_module
+from tests.test_gather import window  # noqa: F401 - a fixture
 
 ROOT = pathlib.Path(__file__).parent.parent
 
@@ -342,6 +343,43 @@ def test_plateau_refuses_what_is_no_run_or_metric(tmp_path):
 def test_control_while_loop_needs_a_reason_to_stop():
   with pytest.raises(TypeError, match="needs a reason to stop"):
     control.while_loop(lambda c: c < 3, lambda c: c + 1, 0)
+
+
+@pytest.mark.parametrize("jit, asked, finishes", [
+    (hostcall.jit, False, []),  # the device ends the loop itself
+    (hostcall.jit, True, [0]),  # the device asks: the host's finish runs
+    (jax.jit, False, [0]),      # a JAX callback, always
+], ids=["hostcall.jit", "hostcall.jit asked", "jax.jit"])
+def test_a_steered_loop_ends_on_the_device_and_ctrl_c_is_pythons_again(
+    jit, asked, finishes, monkeypatch, window):
+  # Under hostcall.jit the loop's finish is the device's own
+  # (control.finish_here); the host's runs only where it asks (a failure
+  # to raise). Either way the loop takes no more Ctrl-C once the call
+  # returns, before its bar's close (queued: left gathering here) is
+  # delivered.
+  from hostcall._apps import bar_events
+  from hostcall._apps.control import controls
+  window(3600.0)
+  seen = []
+  finish = controls.finish
+  monkeypatch.setattr(controls, "finish",
+                      lambda h, r: seen.append(int(r)) or finish(h, r))
+  ask_first = bar_events._Finish.ask_first
+  monkeypatch.setattr(
+      bar_events._Finish, "ask_first",
+      lambda self, h, r: jnp.maximum(ask_first(self, h, r), int(asked)))
+  out = io.StringIO()
+  result = jit(lambda x: hostcall.progress.while_loop(
+      lambda c: c < 100, lambda c: c + x, 0, every=10, interruptible=True,
+      time_limit=3600.0, file=out))(1)
+  jax.block_until_ready(result)
+  assert not controls.sigint_installed()
+  assert "100step" not in out.getvalue().replace(" ", "")  # not closed yet
+  hostcall.barrier()
+  assert (int(result.value), bool(result.stopped), int(result.steps)) == (
+      100, False, 100)
+  assert seen == finishes
+  assert "100step" in out.getvalue().replace(" ", "")
 
 
 def test_control_while_loop_makes_no_bar_and_nests_bars_as_a_loop():

@@ -167,3 +167,25 @@ def test_a_handle_without_an_invocation_is_a_group_of_its_own(controls,
   controls.close(FIRST)
   controls.close(LATE)
   assert _registries(controls) == dict.fromkeys(_registries(controls), 0)
+
+
+def test_a_loop_that_ended_on_its_device_contains_no_later_failure(
+    controls):
+  # hostcall.jit's device ends its steered loop itself (the native
+  # finish), the host learning of it only at the close: a synchronous call
+  # that fails on that device after the loop fails its own computation, as
+  # after a host finish, instead of being held for a loop that is over.
+  device = jax.devices()[0]
+  context = make_context((), device)
+  controls.open(FIRST, STOP, device)
+  assert controls.take(context, ValueError("in the loop"))  # contained
+  controls.close(FIRST)
+  controls.release(KEY)
+  hostcall.barrier()
+  controls.after_barrier()
+  with pytest.raises(hcb.CallbackException, match="in the loop"):
+    hostcall.barrier()
+  controls.open(LATE, STOP, device)
+  controls.states.end(LATE)  # what the device's finish does
+  assert not controls.take(context, ValueError("after the loop"))
+  assert not controls.failing

@@ -94,6 +94,37 @@ def test_a_closed_handle_is_forgotten(stop_states):
   assert isinstance(stop_states.interrupts(), int)
 
 
+@pytest.mark.parametrize("reason, requested, opened, asks", [
+    (0, None, True, 0),             # ran to its end: nothing to raise
+    (TIME_LIMIT, None, True, 0),    # stopped, for no failure
+    (STOP_WHEN, STOP_WHEN, True, 0),
+    (0, FAILED, True, 1),           # its group contained a failure
+    (TIME_LIMIT, FAILED, True, 1),
+    (FAILED, None, True, 1),        # stopped for another's failure
+    (0, None, False, 1),            # a handle it cannot tell about
+])
+def test_the_devices_own_finish_asks_the_host_only_for_a_failure(
+    stop_states, reason, requested, opened, asks):
+  # hostcall.jit's steered loop ends itself on the device
+  # (control.finish_here, the FFI handler hostcall_control_finish): it
+  # takes no more Ctrl-C, and the host's finish runs only where there is a
+  # failure to raise.
+  import jax
+  from hostcall._apps import control
+  if opened:
+    stop_states.open(HANDLE, GROUP, Stop.of(True, 3600.0, None))
+    assert stop_states.running(HANDLE) and stop_states.sigint_installed()
+    if requested is not None:
+      stop_states.request(GROUP, requested)
+  finish = jax.jit(control.finish_here)
+  assert int(finish(HANDLE, reason)) == asks
+  assert not stop_states.running(HANDLE)
+  assert not stop_states.sigint_installed()
+  # What is left for the close: the handle stays known until it.
+  if opened:
+    assert stop_states.poll(HANDLE, 1) == (requested or 0)
+
+
 def _run(code: str, env: dict, timeout: float = 300, flags=()
          ) -> subprocess.CompletedProcess:
   proc = subprocess.run(

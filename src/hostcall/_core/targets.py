@@ -116,6 +116,13 @@ class HostTarget(KeyedFields):
   #: while other calls of the program are still queued.
   live_without_effect: bool = False
 
+  #: For such a call without results: ``ask_first(*operands)``, staged
+  #: before it, a traced int32 that says whether the host function must
+  #: still run (not 0); it then runs only then (a steered loop's finish:
+  #: the device ends the loop itself and asks the host only to raise a
+  #: failure). None: it always runs.
+  ask_first: Callable | None = None
+
   #: The delivery this target asks for (``"async"`` for taps whose host side
   #: never needs to run before the computation goes on); None: the delivery
   #: in force when traced. ``hostcall.scan`` flushes asynchronously when

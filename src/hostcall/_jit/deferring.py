@@ -235,12 +235,22 @@ class _Recorder:
     params = eqn.params
     operands = [jnp.asarray(x, v.aval.dtype)
                 for x, v in zip(invals, eqn.invars)]
-    self._order, results = threaded.bind_live(
-        self.order, operands, target=params["target"],
-        transforms=params["transforms"],
-        device_index=params["device_index"],
-        result_avals=params["result_avals"])
-    return results
+
+    def call(order):
+      return threaded.bind_live(
+          order, operands, target=params["target"],
+          transforms=params["transforms"],
+          device_index=params["device_index"],
+          result_avals=params["result_avals"])
+    ask_first = params["target"].ask_first
+    if ask_first is None or params["result_avals"]:
+      self._order, results = call(self.order)
+      return results
+    # The device answers first; the host function runs only where it asks.
+    self._order = jax.lax.cond(ask_first(*operands) != 0,
+                               lambda order: call(order)[0],
+                               lambda order: order, self.order)
+    return []
 
   def record(self, eqn, invals) -> None:
     params = eqn.params

@@ -28,12 +28,13 @@ computation opened (``interrupts.Reaper``); elsewhere a failed loop ends at the 
 barrier, which closes its bar.
 """
 
-from hostcall._apps.control.check import check, data_leaves, witness
+from hostcall._apps.control.check import (check, data_leaves, finish_here,
+                                          witness)
 from hostcall._apps.control.host import controls
 from hostcall._apps.control.spec import (FAILED, INTERRUPTED, STOP_WHEN,
                                          TIME_LIMIT, LoopStatus, Result, Stop,
                                          reason_name)
 
 __all__ = ["FAILED", "INTERRUPTED", "STOP_WHEN", "TIME_LIMIT", "LoopStatus",
-           "Result", "Stop", "check", "controls", "data_leaves",
+           "Result", "Stop", "check", "controls", "data_leaves", "finish_here",
            "reason_name", "witness"]

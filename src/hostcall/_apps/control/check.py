@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.extend import core as jex_core
+from jax.interpreters import mlir
 
 from hostcall import _jax_private
 from hostcall._apps.control.host import controls
@@ -75,6 +76,28 @@ def check(handle, index, after=None) -> jax.Array:
   return reason
 
 
+control_finish_p = jex_core.Primitive("hostcall_control_finish")
+
+
+def finish_here(handle, reason) -> jax.Array:
+  """``hostcall.jit``'s end of a steered loop on its one device, made by
+  the device itself where the stop states' FFI handler serves it: the loop
+  takes no more Ctrl-C, and the answer (int32) is not 0 where the host's
+  ``finish`` must still run (to raise a failure its group contained, or
+  where this cannot tell). Bound only while ``hostcall.jit`` compiles."""
+  return control_finish_p.bind(jnp.asarray(handle, _INT).reshape(()),
+                               jnp.asarray(reason, _INT).reshape(()))
+
+
+def _finish_lowering(ctx, handle, reason):
+  if emission.route(ctx, "check", controls.native) == "ffi":
+    return jax.ffi.build_ffi_lowering_function(
+        "hostcall_control_finish", has_side_effect=True)(
+            ctx, handle, reason).results
+  # (No handler: the host's finish always runs, as it does under jax.jit.)
+  return [mlir.ir_constant(np.int32(1))]
+
+
 def _abstract_eval(handle, index, after):
   del handle, index, after
   return _jax_private.ShapedArray((), _INT)
@@ -135,6 +158,10 @@ def _lowering(ctx, handle, index, after):
                for r, a in zip(results, ctx.avals_out)]
   return results
 
+
+control_finish_p.def_abstract_eval(
+    lambda handle, reason: _jax_private.ShapedArray((), _INT))
+_jax_private.register_lowering(control_finish_p, _finish_lowering)
 
 control_check_p.def_abstract_eval(_abstract_eval)
 control_check_p.def_impl(lambda handle, index, after: jax.jit(

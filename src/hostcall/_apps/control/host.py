@@ -229,8 +229,11 @@ class _Controls(calls.Containment, _loops.Listener):
   def take(self, context, exc: BaseException) -> bool:
     device = None if context is None else context.device
     with self._lock:
+      # (A loop that ended on the device, its close still to come, holds
+      # no failure: hostcall.jit's device ends it without a finish here.)
       groups = {self._group_of[h] for h, d in self._device_of.items()
-                if d == device and h in self._open and h in self._group_of}
+                if d == device and h in self._open and h in self._group_of
+                and self.states.running(h)}
       if not groups:
         return False
       failure = _Failure(exc, device)

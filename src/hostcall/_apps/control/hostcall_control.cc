@@ -198,7 +198,38 @@ ffi::Error Check(ffi::Buffer<ffi::S32> handle, ffi::Buffer<ffi::S32> check,
   return ffi::Error::Success();
 }
 
+// A steered loop's end on a device whose host side hostcall.jit does not
+// ask in the common case: the handle takes no more Ctrl-C (as
+// hostcall_control_end), and the answer says whether the host's finish
+// must still run: 1 where it has a failure to raise (the loop's group
+// contained one, or the loop stopped for one) or cannot tell (the handle
+// is not open), else 0.
+int32_t FinishHere(int64_t handle, int32_t reason) {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  StopRunning(handle);
+  if (reason == kFailed) return 1;
+  auto found = s.group_of.find(handle);
+  if (found == s.group_of.end()) return 1;
+  auto group = s.groups.find(found->second);
+  if (group == s.groups.end()) return 1;
+  return group->second.requested == kFailed ? 1 : 0;
+}
+
+ffi::Error Finish(ffi::Buffer<ffi::S32> handle, ffi::Buffer<ffi::S32> reason,
+                  ffi::ResultBuffer<ffi::S32> ask_host) {
+  ask_host->typed_data()[0] =
+      FinishHere(handle.typed_data()[0], reason.typed_data()[0]);
+  return ffi::Error::Success();
+}
+
 }  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(hostcall_control_finish, Finish,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::S32>>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(hostcall_control_check, Check,
                               ffi::Ffi::Bind()
@@ -251,6 +282,13 @@ void hostcall_control_end(int64_t handle) {
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mu);
   StopRunning(handle);
+}
+
+// Whether `handle`'s loop still runs (1): opened, and not ended or closed.
+int64_t hostcall_control_running(int64_t handle) {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  return running().count(handle) ? 1 : 0;
 }
 
 // A host predicate asks the group to stop, for `reason`.

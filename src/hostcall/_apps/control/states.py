@@ -64,6 +64,11 @@ class StopStates:
     handler it replaced is put back once none runs)."""
     self._lib.held.hostcall_control_end(handle)
 
+  def running(self, handle: int) -> bool:
+    """Whether ``handle``'s loop still runs (opened, not ended or
+    closed)."""
+    return bool(self._lib.held.hostcall_control_running(handle))
+
   def close(self, handle: int) -> None:
     """Forgets ``handle`` (and its group with its last handle)."""
     self._lib.held.hostcall_control_close(handle)
