@@ -20,8 +20,9 @@ Every device running one invocation stops after the same check (see
 Ctrl-C: hostcall's SIGINT handler is installed while an interruptible loop
 runs, and the one it replaced is put back as soon as none does. A loop stops
 running when its computation goes past it (the loop's finish, a
-synchronous call each device makes after the loop: not its bar's close,
-which waits behind the loop's asynchronous taps) or fails: where the computation runs in a Python thread
+synchronous call each device makes after the loop, under ``hostcall.jit``
+the device's own, ``finish_here``: not its bar's close, which waits
+behind the loop's asynchronous taps) or fails: where the computation runs in a Python thread
 (JAX runs one with host callbacks in the thread that called it, on CPU),
 the frame that called it is watched, and its return ends the loops the
 computation opened (``interrupts.Reaper``); elsewhere a failed loop ends at the next
