@@ -652,22 +652,50 @@ def test_debug_callback_on_cpu_in_a_runs_scope_does_the_same(caplog):
   def failing(*args):
     raise ValueError("no")
   failing_call = _jax_private.debug_callback_on_cpu(failing, avals)
+
+  def changing(*args):
+    # What a call of its own would undo: a mesh set as a plain call (JAX's
+    # implementation empties the meshes from 0.8.1 on), a default device
+    # entered and never left.
+    if jax.__version_info__[:3] >= (0, 8, 1):
+      jax.set_mesh(jax.make_mesh((1,), ("i",)))
+    jax.default_device(None).__enter__()
+  changing_call = _jax_private.debug_callback_on_cpu(changing, avals)
   debugging.debug_callback_impl(np.float32(1), callback=lambda *a: seen.append(
       state(a)), effect=None, partitioned=False)
   expected = seen.pop()
   default_before = str(jax.config.jax_default_device)
+  mesh_before = str(jax.sharding.get_abstract_mesh())
   with call.scope():
     call(np.float32(1))
     with pytest.raises(ValueError, match="no"):
       failing_call(np.float32(1))
     nested(np.float32(1))
     call(np.float32(1))
-  assert seen[0] == seen[1] == seen[3] == expected
+    changing_call(np.float32(1))
+    call(np.float32(1))
+  assert seen[0] == seen[1] == seen[3] == seen[4] == expected
   assert seen[2][0][-1] == 7 and seen[2] == jax_nested[0]
   assert caplog.records[-1].getMessage() == "jax.debug.callback failed"
   # Outside the scope, nothing of it is left in force.
   assert str(jax.config.jax_default_device) == default_before
-  assert not _jax_private.runtime._scopes.open
+  assert str(jax.sharding.get_abstract_mesh()) == mesh_before
+  assert _jax_private.runtime._scopes.current is None
+
+
+def test_debug_callback_on_cpu_keeps_64_bit_values_traced_under_x64():
+  # A program traced under enable_x64 while x64 is off in the delivering
+  # thread: its float64 and int64 values arrive whole, as under jax.jit.
+  seen = []
+  call = _jax_private.debug_callback_on_cpu(
+      lambda a, b: seen.append((a.dtype, a.item(), b.dtype, b.item())),
+      [_jax_private.ShapedArray((), np.float64),
+       _jax_private.ShapedArray((), np.int64)])
+  assert not jax.config.jax_enable_x64
+  call(np.float64(1.0000000001), np.int64(2**40 + 1))
+  with call.scope():
+    call(np.float64(1.0000000001), np.int64(2**40 + 1))
+  assert seen == [(np.float64, 1.0000000001, np.int64, 2**40 + 1)] * 2
 
 
 def test_not_really_effects_are_jaxs_effect_types():

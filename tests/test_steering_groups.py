@@ -189,3 +189,26 @@ def test_a_loop_that_ended_on_its_device_contains_no_later_failure(
   controls.states.end(LATE)  # what the device's finish does
   assert not controls.take(context, ValueError("after the loop"))
   assert not controls.failing
+
+
+@pytest.mark.parametrize("first", ["failure", "finish"])
+def test_a_failure_and_the_devices_own_finish_are_one_or_the_other(
+    controls, first):
+  # hostcall.jit's finish (control.finish_here) reads the stop states
+  # only: a failure contained before it makes it ask the host (whose
+  # finish raises it); one after it is not the loop's (it fails its own
+  # computation). Never held with nobody to raise it.
+  from hostcall._apps import control
+  device = jax.devices()[0]
+  context = make_context((), device)
+  controls.open(FIRST, STOP, device)
+  finish_here = jax.jit(control.finish_here)
+  if first == "failure":
+    assert controls.take(context, ValueError("boom"))
+    assert int(finish_here(FIRST, 0)) == 1
+    with pytest.raises(ValueError, match="boom"):
+      controls.finish(FIRST, 0)
+  else:
+    assert int(finish_here(FIRST, 0)) == 0
+    assert not controls.take(context, ValueError("boom"))
+  assert not controls.failing

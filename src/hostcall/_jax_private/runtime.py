@@ -183,8 +183,11 @@ def debug_callback_on_cpu(callback, avals):
         and value.dtype == dtype):
       # (What pxla.batched_device_put calls for a NumPy value, without
       # its checks for jax.Arrays: a fifth of the cost.)
+      # (x64 allowed: the value has the program's dtype already, where
+      # this thread's default would narrow a float64 traced under
+      # enable_x64.)
       return _xla_client.batched_device_put(aval, sharding, [value], [cpu],
-                                            True)
+                                            True, enable_x64=True)
     return jax.device_put(value, cpu)
 
   def run(arrays):
@@ -202,6 +205,10 @@ def debug_callback_on_cpu(callback, avals):
               _sharding_impls._internal_use_concrete_mesh(concrete),
               _mesh.use_abstract_mesh(abstract))
 
+    def in_force():
+      return (_config.default_device.value, _mesh.get_abstract_mesh(),
+              _mesh.get_concrete_mesh())
+
     def in_contexts(arrays):
       with (_config.default_device(cpu),
             _sharding_impls._internal_use_concrete_mesh(concrete),
@@ -211,48 +218,73 @@ def debug_callback_on_cpu(callback, avals):
     def contexts():
       return (_config.default_device(cpu),)
 
+    def in_force():
+      return (_config.default_device.value,)
+
     def in_contexts(arrays):
       with _config.default_device(cpu):
         run(arrays)
 
   def call(*values):
     arrays = [put(v, *p) for v, p in zip(values, placed)]
-    if _scopes.open:
-      # In a run's scope, between two of its calls: JAX's contexts are in
-      # force. Closed while the callback runs, so that a call it makes
-      # (which may change them) enters its own.
-      _scopes.open = False
-      try:
-        run(arrays)
-      finally:
-        _scopes.open = True
+    scope = _scopes.current
+    if scope is None:
+      in_contexts(arrays)
       return ()
-    in_contexts(arrays)
+    # In a run's scope: JAX's contexts are in force. None while the
+    # callback runs, so that a call it makes enters its own.
+    _scopes.current = None
+    try:
+      run(arrays)
+    finally:
+      _scopes.current = scope
+      scope.restore()
     return ()
 
   # Entering JAX's contexts costs more than placing a scalar: a run of
   # calls delivered one after another (``calls.run_each``) enters them once.
-  call.scope = functools.partial(_scope, contexts)
+  call.scope = functools.partial(_Scope, contexts, in_force)
   return call
 
 
 class _Scopes(threading.local):
-  open = False  # in a run's scope, no callback of it running
+  current = None  # the run's _Scope, where no callback of it runs
 
 
 _scopes = _Scopes()
 
 
-@contextlib.contextmanager
-def _scope(contexts):
-  """The contexts ``contexts()`` entered for a run of calls of
-  ``debug_callback_on_cpu``'s call, each of which then runs in them as in
-  its own."""
-  with contextlib.ExitStack() as stack:
-    for context in contexts():
-      stack.enter_context(context)
-    was, _scopes.open = _scopes.open, True
-    try:
-      yield
-    finally:
-      _scopes.open = was
+class _Scope:
+  """JAX's contexts of ``debug_callback_on_cpu``'s calls (``contexts()``)
+  entered once for a run of them, each of which then runs in them as in
+  its own: where a callback changed what is in force (``in_force()``: a
+  ``jax.set_mesh``, a context it entered and left open), they are entered
+  again before the next, as a call of its own would."""
+
+  def __init__(self, contexts, in_force):
+    self._contexts, self._in_force = contexts, in_force
+    self._stack = self._expected = self._outer = None
+
+  def _enter(self) -> None:
+    self._stack = contextlib.ExitStack()
+    for context in self._contexts():
+      self._stack.enter_context(context)
+    self._expected = self._in_force()
+
+  def restore(self) -> None:
+    """Enters the contexts again where a callback changed them."""
+    for now, then in zip(self._in_force(), self._expected):
+      if now is not then:
+        self._stack.close()
+        self._enter()
+        return
+
+  def __enter__(self):
+    self._enter()
+    self._outer, _scopes.current = _scopes.current, self
+    return self
+
+  def __exit__(self, *exc_info):
+    _scopes.current = self._outer
+    self._stack.close()
+    return False

@@ -229,11 +229,13 @@ class _Controls(calls.Containment, _loops.Listener):
   def take(self, context, exc: BaseException) -> bool:
     device = None if context is None else context.device
     with self._lock:
-      # (A loop that ended on the device, its close still to come, holds
-      # no failure: hostcall.jit's device ends it without a finish here.)
+      # Each loop of the device that still runs stops for the failure. (A
+      # loop whose device ended it, hostcall.jit's own finish, with its
+      # close still to come, holds none: the stop states decide that and
+      # the request in one step, against that finish.)
       groups = {self._group_of[h] for h, d in self._device_of.items()
                 if d == device and h in self._open and h in self._group_of
-                and self.states.running(h)}
+                and self.states.contain(h, self._group_of[h].id)}
       if not groups:
         return False
       failure = _Failure(exc, device)
@@ -242,8 +244,6 @@ class _Controls(calls.Containment, _loops.Listener):
           group.failure = failure
         group.failure.devices.add(device)
       self._update_failing()
-    for group in groups:
-      self.request(group.id, FAILED)
     return True
 
   def finish(self, handle: int, reason: int) -> None:

@@ -291,6 +291,23 @@ int64_t hostcall_control_running(int64_t handle) {
   return running().count(handle) ? 1 : 0;
 }
 
+// A host function failed on the device running `handle`: where its loop
+// still runs, `group` stops for the failure (1); else (0) the loop has ended
+// (its device's own finish, under hostcall.jit, may have just run) and the
+// failure is not the loop's to hold. One lock with that finish: it either
+// sees the request, or this sees the loop ended.
+int64_t hostcall_control_contain(int64_t handle, int64_t group) {
+  State& s = state();
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (!running().count(handle)) return 0;
+    auto found = s.groups.find(group);
+    if (found != s.groups.end()) found->second.requested = kFailed;
+  }
+  s.evaluated_cv.notify_all();
+  return 1;
+}
+
 // A host predicate asks the group to stop, for `reason`.
 void hostcall_control_request(int64_t group, int64_t reason) {
   State& s = state();

@@ -25,6 +25,7 @@ LIBRARY = libraries.Library(
         "hostcall_control_poll": ([_i64, _i64], _i64),
         "hostcall_control_end": ([_i64], None),
         "hostcall_control_running": ([_i64], _i64),
+        "hostcall_control_contain": ([_i64, _i64], _i64),
         "hostcall_control_sigint_installed": ([], _i64),
         "hostcall_control_interrupts": ([], _i64),
         "hostcall_control_predicates_open": ([], _i64),

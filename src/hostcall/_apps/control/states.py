@@ -69,6 +69,12 @@ class StopStates:
     closed)."""
     return bool(self._lib.held.hostcall_control_running(handle))
 
+  def contain(self, handle: int, group: int) -> bool:
+    """Where ``handle``'s loop still runs, asks ``group`` to stop for a
+    failure (``FAILED``) and says True; False where the loop has ended
+    (atomically with a device's own finish, ``finish_here``)."""
+    return bool(self._lib.held.hostcall_control_contain(handle, group))
+
   def close(self, handle: int) -> None:
     """Forgets ``handle`` (and its group with its last handle)."""
     self._lib.held.hostcall_control_close(handle)
