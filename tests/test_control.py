@@ -382,6 +382,27 @@ def test_a_steered_loop_ends_on_the_device_and_ctrl_c_is_pythons_again(
   assert "100step" in out.getvalue().replace(" ", "")
 
 
+@pytest.mark.parametrize("jit", [jax.jit, hostcall.jit],
+                         ids=["jax.jit", "hostcall.jit"])
+@pytest.mark.parametrize("loop", ["progress.while_loop",
+                                  "control.while_loop"])
+def test_a_steered_while_loop_over_no_lane_returns_no_lane(jit, loop):
+  # vmap over 0 lanes: the check's batching reduced over no lane (an
+  # error while tracing) before.
+  def steered(limit):
+    if loop == "control.while_loop":
+      return control.while_loop(lambda c: c < limit, lambda c: c + 1, 0,
+                                every=5, time_limit=3600.0)
+    return hostcall.progress.while_loop(
+        lambda c: c < limit, lambda c: c + 1, 0, every=5,
+        time_limit=3600.0, file=io.StringIO())
+  result = jit(jax.vmap(steered))(jnp.zeros((0,), jnp.int32))
+  hostcall.barrier()
+  assert [(x.shape, x.dtype) for x in jax.tree_util.tree_leaves(result)] == [
+      ((0,), jnp.int32), ((0,), jnp.bool_), ((0,), jnp.int32),
+      ((0,), jnp.int32)]
+
+
 def test_control_while_loop_makes_no_bar_and_nests_bars_as_a_loop():
   # Its invocations have a site without a bar spec: the drawing listener
   # makes no bar for them (not even a disabled one). A bar traced in its

@@ -109,8 +109,10 @@ def _batching_rule(args, dims):
   # check waits for every lane's results).
   handle, index, after = [a if d is None else jnp.moveaxis(a, d, 0).reshape(-1)
                           for a, d in zip(args, dims)]
-  handle = handle if jnp.ndim(handle) == 0 else handle[0]
-  index = index if jnp.ndim(index) == 0 else jnp.max(index)
+  # (A vmap of no lane never runs the check: any handle and index do.)
+  handle = (handle if jnp.ndim(handle) == 0
+            else handle[0] if handle.size else jnp.int32(-1))
+  index = index if jnp.ndim(index) == 0 else jnp.max(index, initial=0)
   after = after if after.size <= 1 else jnp.sum(after, keepdims=True)
   return control_check_p.bind(handle, index, after.reshape(-1)[:1]), None
 
