@@ -153,6 +153,34 @@ def test_an_inlined_jit_on_a_mesh_of_explicit_axes_is_as_under_jax_jit():
   assert got[1][3] == [list(np.arange(8.0))]
 
 
+@pytest.mark.parametrize("axis_type", ["Explicit", "Auto"])
+def test_a_loops_calls_on_values_sharded_over_a_mesh_axis_as_under_jax_jit(
+    axis_type):
+  # The calls' values become outputs (a global view); sharded over an
+  # explicit axis, they are replicated before they are flattened (which
+  # JAX refuses for such a value: the call failed before).
+  mesh = jax.make_mesh((4,), ("d",), axis_types=(
+      getattr(jax.sharding.AxisType, axis_type),))
+  x = jax.device_put(jnp.arange(16.0).reshape(4, 4), NamedSharding(
+      mesh, P("d")))
+
+  def program(seen):
+    def body(i, c):
+      jax.debug.callback(lambda i, c: seen.append(
+          (int(i), np.asarray(c).tolist())), i, c)
+      return c * 1.5
+    return lambda v: jax.lax.fori_loop(0, 3, body, v)
+  got = []
+  for jit in (jax.jit, hostcall.jit):
+    seen = []
+    y = jit(program(seen))(x)
+    hostcall.barrier()
+    got.append((y.sharding.spec, y.tolist(), seen))
+  assert got[0] == got[1]
+  assert [i for i, _ in got[1][2]] == [0, 1, 2]
+  assert got[1][2][2][1] == (np.arange(16.0).reshape(4, 4) * 2.25).tolist()
+
+
 def _taps_and_calls(seen):
   """A jax.jit program's asynchronous tap and a hostcall.jit program's
   (queued) tap, each recording ``(name, value)``."""

@@ -134,7 +134,8 @@ def pack(values: Sequence, nodes: tuple) -> tuple[list, Plan]:
   for value in values:
     dtype = np.dtype(value.dtype)
     carrier, value = _carried(value, dtype)
-    raw = jnp.ravel(jax.lax.bitcast_convert_type(value, jnp.uint8))
+    raw = jnp.ravel(_replicated(jax.lax.bitcast_convert_type(value,
+                                                            jnp.uint8)))
     size = int(raw.shape[0])
     slots.append((used, used + size, carrier, tuple(value.shape), dtype))
     used += size
@@ -144,6 +145,18 @@ def pack(values: Sequence, nodes: tuple) -> tuple[list, Plan]:
   else:
     packs = [jnp.concatenate(pieces) if len(pieces) > 1 else pieces[0]]
   return packs, Plan(nodes, tuple(slots))
+
+
+def _replicated(value):
+  """``value``, replicated where it is sharded over an explicit mesh axis
+  (its type then says so, and flattening it would be refused: the host
+  reads it whole anyway)."""
+  sharding = getattr(jax.typeof(value), "sharding", None)
+  spec = getattr(sharding, "spec", None)
+  if spec is None or all(part is None for part in spec):
+    return value
+  return jax.sharding.reshard(value, jax.sharding.NamedSharding(
+      sharding.mesh, jax.sharding.PartitionSpec()))
 
 
 def _carried(value, dtype: np.dtype):
