@@ -53,7 +53,8 @@ class Platform:
     native: the native extension's handlers served there: ``"enqueue"``
       (the queue's ``hostcall_enqueue`` handlers: a queued tap's operands
       copied into the queue, ``hostcall.jit``'s queued calls) and
-      ``"check"`` (the stop check's ``hostcall_control_check``).
+      ``"check"`` (the stop check's ``hostcall_control_check``, and a
+      steered loop's end on its device, ``hostcall_control_finish``).
     host_buffers: whether its device buffers are host memory (a fetch to
       the host is a view).
   """
