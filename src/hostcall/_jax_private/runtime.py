@@ -159,9 +159,10 @@ def debug_callback_on_cpu(callback, avals):
   failure logged on JAX's logger in JAX's words, then raised. Quicker:
   each value placed by ``batched_device_put`` with the abstract value
   known beforehand (``device_put`` of a tuple costs about 40 us a call on
-  a CPU, ten times more; the runtime's own ``batched_device_put``, 3 us); a value of another shape or dtype than
-  ``avals`` says is placed by ``device_put`` itself. ``call.scope()``
-  enters JAX's contexts once for a run of calls (a context manager)."""
+  a CPU, ten times more; the runtime's own ``batched_device_put``, 3 us);
+  a value of another shape or dtype than ``avals`` says is placed by
+  ``device_put`` itself. ``call.scope()`` enters JAX's contexts once for a
+  run of calls (a context manager)."""
   if any(not isinstance(a, _core.ShapedArray)
          or jax.dtypes.issubdtype(a.dtype, jax.dtypes.extended)
          or a.dtype == jax.dtypes.float0 for a in avals):
