@@ -443,7 +443,7 @@ class Run:
     child forked after the run opened, does nothing: the parent closes it
     (a ``with`` block the fork happened in ends in both)."""
     sink = self._sink.current()
-    if sink.closed or self._sink.pid != os.getpid():
+    if sink.closed or self._sink.in_a_forked_child:
       return
     self.flush()
     sink.close()

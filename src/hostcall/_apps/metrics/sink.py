@@ -214,12 +214,17 @@ class RunSink:
           "process, before jax.distributed shuts down)", self, missing,
           self.GATHER_TIMEOUT)
 
+  @property
+  def in_a_forked_child(self) -> bool:
+    """Whether this process is a child forked (``os.fork()``) after the
+    run opened: its rows and files are then the parent's."""
+    return self.pid != os.getpid()
+
   def refuse_in_a_forked_child(self, what: str) -> None:
-    """Raises where this process is a child forked (``os.fork()``) after
-    the run opened: its rows and files are the parent's (a flush here would
-    write the parent's buffered rows twice, a wait would wait for rows
-    only the parent's writer thread writes)."""
-    if self.pid != os.getpid():
+    """Raises ``in_a_forked_child`` (a flush there would write the
+    parent's buffered rows twice, a wait would wait for rows only the
+    parent's writer thread writes)."""
+    if self.in_a_forked_child:
       raise RuntimeError(
           f"hostcall.metrics.Run({self.name!r}) was opened by process "
           f"{self.pid}; this process ({os.getpid()}) is a child forked from "
