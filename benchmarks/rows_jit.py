@@ -78,7 +78,9 @@ def _uses_the_step(x, i):
 
 def jit_rows(b) -> list[dict]:
   """12. hostcall.jit: a jitted step with a print or metrics (issue 23)."""
-  repeats = max(3, b.repeats)
+  # A row with a target: 21 paired runs (its median swings by about 0.04
+  # over 7 on this box); a reference row: 7.
+  repeats, reference = 3 * b.repeats, max(3, b.repeats)
   base = _loop_time(jax.jit(_step), CALLS)
   rows = [_row("12. plain jitted step (16-float tanh), Python loop",
                statistics.median(base() for _ in range(3)) * 1e6, 1.0, None)]
@@ -96,7 +98,7 @@ def jit_rows(b) -> list[dict]:
       ("hostcall.jit + hostcall.debug_callback", hostcall.jit,
        hostcall.debug_callback, 1.5)):
     us, ratio = _paired(_loop_time(jit(tapped(callback)), CALLS), base,
-                        repeats)
+                        reference if target is None else repeats)
     rows.append(_row(f"12. one callback a call, {name}", us, ratio, target,
                      "reference" if target is None else ""))
   # (The floor row below divides hostcall.jit's row, the last of these.)
@@ -132,7 +134,8 @@ def jit_rows(b) -> list[dict]:
          tapped(jax.debug.callback), None),
         ("jax.debug.callback, hostcall.jit", hostcall.jit,
          tapped(jax.debug.callback), 1.5)):
-      us, ratio = _paired(_loop_time(jit(step), CALLS), base, repeats)
+      us, ratio = _paired(_loop_time(jit(step), CALLS), base,
+                          reference if target is None else repeats)
       rows.append(_row(f"12. one {name} a call (the user's code)", us,
                        ratio, target, "reference" if target is None else ""))
 
@@ -141,7 +144,7 @@ def jit_rows(b) -> list[dict]:
   with _calls_as_outputs():
     outputs_us, outputs_ratio = _paired(
         _loop_time(hostcall.jit(tapped(hostcall.debug_callback)), CALLS),
-        base, repeats)
+        base, reference)
   rows.append(_row("12. ... the same with the calls as outputs (as on an "
                    "accelerator)", outputs_us, outputs_ratio, None,
                    "reference"))
@@ -157,7 +160,7 @@ def jit_rows(b) -> list[dict]:
 
   floor_us, floor_ratio = _paired(
       _loop_time(jax.jit(returned_value), CALLS, finish=call_each), base,
-      repeats)
+      reference)
   rows.append(_row("12. floor: the step returns the value, the loop calls "
                    "the function", floor_us, floor_ratio, None, "reference"))
   rows.append(_row("12. ... hostcall.jit callback / the floor", jit_us,
@@ -191,7 +194,7 @@ def jit_rows(b) -> list[dict]:
     rows.append(_row("12. ... the same, Run.log(i, ...) with the loop's "
                      "step", at_us, at_ratio, 1.6,
                      "against the plain step that takes it"))
-    int_us, int_ratio = _paired(base_at, base, repeats)
+    int_us, int_ratio = _paired(base_at, base, reference)
     rows.append(_row("12. ... a plain step that uses the loop's step",
                      int_us, int_ratio, None,
                      "reference: JAX's cost of a Python int argument"))
@@ -210,7 +213,7 @@ def jit_rows(b) -> list[dict]:
 
     floor_us, floor_ratio = _paired(
         _loop_time(jax.jit(returned), CALLS, finish=write_rows), base,
-        repeats)
+        reference)
     rows.append(_row("12. floor: the step returns the metrics, the loop "
                      "writes them", floor_us, floor_ratio, None, "reference"))
     rows.append(_row("12. ... Run.log under hostcall.jit / the floor", us,
