@@ -7,7 +7,8 @@ a cond, while or vmap of the body) is not staged as a host call: its values
 become extra outputs of the inner scan, stacked K deep, and after each chunk
 (and the shorter last one) one host call delivers them. On the host,
 ``FlushTarget`` replays the taps one by one, step by step, in program order,
-to their own host functions.
+to their own host functions. A body whose other host calls could see that
+move (``_may_buffer``) is not buffered: its calls run where written.
 
 The device pays one host call per K steps; the buffers hold K times one
 step's tap payload.
@@ -29,6 +30,7 @@ from jax import lax
 from hostcall import _jax_private
 from hostcall._runtime import calls
 from hostcall._core.collecting import collecting
+from hostcall._core.effects import ORDERED
 from hostcall._core.context import CallContext, make_context, swap_call_context
 from hostcall._core.primitive import bind
 from hostcall._core.targets import PostponingTarget, Steps, target
@@ -205,11 +207,14 @@ def scan(f: Callable, init, xs=None, length: int | None = None,
     What ``jax.lax.scan`` returns.
 
   Taps bound directly in ``f`` (``id_tap``, ``id_print``, result-less
-  ``io_callback``/``debug_callback``) are buffered; taps under a
-  transformation or control flow inside ``f`` run as usual (so they may
-  reach the host before buffered taps of earlier steps). Every buffered tap
-  is still delivered once per step, in program order, before the loop's
-  computation ends (or, with asynchronous delivery, through the queue).
+  ``io_callback``/``debug_callback``, ``Run.log``) are buffered, where
+  nothing else in ``f`` calls the host with an effect: a body that also
+  makes a call with results, a call under control flow inside ``f``, or
+  JAX's own callbacks, runs every call where it is written, so that the
+  host sees ``lax.scan``'s order and a failure stops the loop at its step.
+  Every buffered tap is still delivered once per step, in program order,
+  before the loop's computation ends (or, with asynchronous delivery,
+  through the queue).
 
   Example:
     >>> import jax, hostcall
@@ -264,7 +269,7 @@ def chunked_scan(f: Callable, init, xs=None, length: int | None = None,
                        flush_steps=flush_steps)
     return (out[0], flip(out[1]), *out[2:])
 
-  flushes = []
+  flushes, orderings, buffering = [], [], [True]
 
   def body(carry, x):
     # Taps of one step become extra outputs, stacked by the inner scan.
@@ -273,12 +278,20 @@ def chunked_scan(f: Callable, init, xs=None, length: int | None = None,
     bodies = _bodies()
     bodies.append((sys._getframe(), steps))
     try:
-      with collecting() as collector:
+      with collecting(buffering[0]) as collector:
         carry, y = step_output(f(carry, x))
     finally:
       bodies.pop()
     flushes[:] = [FlushTarget.of(collector.signature())]
+    orderings[:] = collector.orderings
     return carry, (y, [v for _, vals, _ in collector.taps for v in vals])
+
+  # The body traced once first: whether its taps may be buffered at all.
+  probe = _probe(body, init, xs)
+  if probe is not None and not _may_buffer(probe, orderings):
+    buffering[0] = False
+    probe = None
+  flush_ordering = next((o for o in orderings if o in ORDERED), "ordered")
 
   def group(carry, xs_part, stack, n):
     """Chunks of ``n`` steps, ``stack`` of them stacked (None: one, not
@@ -299,7 +312,7 @@ def chunked_scan(f: Callable, init, xs=None, length: int | None = None,
                          lax.scan(chunk, carry, xs_part, length=stack))
     if taps:
       bind(merge(list(taps)) + [jnp.int32(n * (stack or 1))],
-           target=flushes[0], kind="call")
+           target=flushes[0], kind="call", ordering=flush_ordering)
     # A lone chunk ticks after its flush, so that the host has its taps by
     # then; stacked ones tick as each ends, before the flush they share.
     if stack is None and after_chunk is not None:
@@ -311,7 +324,7 @@ def chunked_scan(f: Callable, init, xs=None, length: int | None = None,
     group = _stoppable(group, check)
     init = (init, jnp.int32(0), jnp.int32(0))  # carry, checks, reason
   elif flush_steps is not None and every < min(flush_steps, steps):
-    chunks_a_flush = _chunks_a_flush(body, init, xs, every,
+    chunks_a_flush = _chunks_a_flush(probe, sum(flushes[0].sizes), every,
                                      min(flush_steps, steps))
 
   def part(lo, *lead):
@@ -401,17 +414,43 @@ def chunked_while(cond_fun: Callable, body_fun: Callable, init, count, *,
 FLUSH_BYTES = 64 << 10
 
 
-def _chunks_a_flush(body, init, xs, every: int, flush_steps: int):
-  """How many chunks of ``every`` steps one flush takes (None: one):
-  ``flush_steps`` steps at most, and ``FLUSH_BYTES`` of the values a step's
-  taps buffer (known from tracing one step)."""
+def _probe(body: Callable, init, xs):
+  """``body`` traced for one step (its closed jaxpr), or None where that
+  trace fails (the loop's own trace then says why)."""
   x = (None if xs is None else
        jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(
            a.shape[1:], a.dtype), xs))
   try:
-    taps = jax.eval_shape(lambda c, x: body(c, x)[1][1], init, x)
+    return jax.make_jaxpr(body)(init, x)
   except Exception:  # noqa: BLE001 - the loop's own trace says what fails
     return None
+
+
+def _may_buffer(probe, orderings: list) -> bool:
+  """Whether a body's collected taps may be delivered after its chunk.
+
+  Buffering moves a tap past everything else the loop does on the host, so
+  it is done only where nothing can see the move: the body (traced with its
+  taps collected) makes no other host call with an effect (a live call with
+  results, a call inside a ``cond`` or ``while`` of the body, JAX's own
+  callbacks), and its taps thread at most one ordering's token, which the
+  flush then threads. Otherwise every call runs where it was written, as in
+  ``lax.scan``: the order of ordered calls, and the step a failure stops
+  the loop at, are ``lax.scan``'s.
+  """
+  live = [e for e in probe.effects
+          if not isinstance(e, _jax_private.NOT_REALLY_EFFECTS)]
+  return not live and len({o for o in orderings if o in ORDERED}) <= 1
+
+
+def _chunks_a_flush(probe, tap_count: int, every: int, flush_steps: int):
+  """How many chunks of ``every`` steps one flush takes (None: one):
+  ``flush_steps`` steps at most, and ``FLUSH_BYTES`` of the values a step's
+  taps buffer (known from ``probe``, one step's trace, whose last
+  ``tap_count`` outputs they are)."""
+  if probe is None or not tap_count:
+    return None
+  taps = probe.out_avals[-tap_count:]
   step_bytes = sum(math.prod(t.shape) * getattr(t.dtype, "itemsize", 8)
                    for t in taps)
   count = step_bytes and min(flush_steps // every,

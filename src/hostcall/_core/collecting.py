@@ -24,11 +24,12 @@ _local = threading.local()
 
 class Collector:
   """The taps bound at the top level of one trace of a loop body: each
-  ``(target, values, delivery)``."""
+  ``(target, values, delivery)``, and the ordering each was bound with."""
 
   def __init__(self, trace):
     self.trace = trace
     self.taps: list[tuple[HostTarget, list, str]] = []
+    self.orderings: list[str] = []
 
   def owns(self, flat_args) -> bool:
     """Whether a call on ``flat_args`` is bound by the body's own trace
@@ -47,25 +48,29 @@ class Collector:
             for target, values, delivery in self.taps]
 
 
-def intercept(flat_args, target: HostTarget, delivery: str) -> bool:
-  """Records a result-less call (delivered as ``delivery`` asks) in the
-  active collector; True if recorded."""
+def intercept(flat_args, target: HostTarget, delivery: str,
+              ordering: str) -> bool:
+  """Records a result-less call (delivered as ``delivery`` asks, bound with
+  ``ordering``) in the active collector; True if recorded."""
   collector = getattr(_local, "collector", None)
   if (collector is None or not target.bufferable
       or not collector.owns(flat_args)):
     return False
   collector.taps.append((target, list(flat_args), delivery))
+  collector.orderings.append(ordering)
   return True
 
 
 @contextlib.contextmanager
-def collecting():
+def collecting(active: bool = True):
   """``with collecting() as collector:`` the taps bound at the top level of
-  the current trace are recorded in ``collector`` instead of staged."""
+  the current trace are recorded in ``collector`` instead of staged; with
+  ``active=False`` none is (the collector stays empty), not even by an
+  enclosing loop's collector."""
   with _jax_private.take_current_trace() as trace:
     collector = Collector(trace)
   previous = getattr(_local, "collector", None)
-  _local.collector = collector
+  _local.collector = collector if active else None
   try:
     yield collector
   finally:

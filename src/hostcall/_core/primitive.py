@@ -90,7 +90,7 @@ def bind(flat_args: Sequence, *, target: HostTarget, kind: str,
   if delivery == "async" and result_avals:
     delivery = "sync"  # a call with results must wait for them
   if kind == "tap" or not result_avals:
-    if collecting.intercept(flat_args, target, delivery):
+    if collecting.intercept(flat_args, target, delivery, ordering):
       return list(flat_args) if kind == "tap" else []
   return hostcall_p.bind(
       *flat_args, target=target, transforms=(), kind=kind,
