@@ -34,7 +34,6 @@ import dataclasses
 import enum
 import functools
 import inspect
-import sys
 import threading
 from typing import Any, Callable
 
@@ -46,7 +45,7 @@ from hostcall._core.checks import (check_arguments, check_callable,
                                    check_operands)
 from hostcall._core.context import CallContext
 from hostcall._core.targets import key_of
-from hostcall._runtime import CallbackException, barrier
+from hostcall._runtime import CallbackException, barrier, dispatch_stdout
 
 __all__ = [
     "CallbackException",
@@ -254,7 +253,7 @@ def _print_tap(arg, transforms, *, device=None, output_stream=None,
       if output_stream is not None:
         output_stream.write(line + "\n")
       else:
-        sys.stdout.write(line + "\n")
+        dispatch_stdout.stream().write(line + "\n")
 
 
 def id_print(arg, *, result=None, tap_with_device=False, device_index=0,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import string
-import sys
 import threading
 from typing import Any, Callable
 
@@ -15,7 +14,7 @@ import numpy as np
 from hostcall._core.targets import KeyedFields, is_positional, key_of
 from hostcall._core.checks import check_arguments, check_callable, is_array_like
 from hostcall._flavours import _stage
-from hostcall._runtime import texts
+from hostcall._runtime import dispatch_stdout, texts
 
 _print_lock = threading.Lock()
 
@@ -203,7 +202,7 @@ class Printer:
       with np.printoptions(**dict(self.printoptions)):
         message = self._message(args, kwargs)
     with _print_lock:
-      sys.stdout.write(message + "\n")
+      dispatch_stdout.stream().write(message + "\n")
 
   def _message(self, args, kwargs) -> str:
     if self.has_placeholders:
@@ -252,7 +251,7 @@ class Printer:
   def write_lines(self, text: str) -> None:
     """Writes what ``lines_of`` made, as ``__call__`` writes a line."""
     with _print_lock:
-      sys.stdout.write(text)
+      dispatch_stdout.stream().write(text)
 
 
 def make_printer(fmt: str, args: tuple, kwargs: dict,

@@ -63,7 +63,7 @@ from hostcall._jax_private.partial_eval import (keep_io_in_partial_evaluation,
                                                 restage_while_without,
                                                 explain_checkpoint_refusal,
                                                 is_recompute_policy)
-from hostcall._jax_private.runtime import (wait_for_effects,
+from hostcall._jax_private.runtime import (wait_for_effects, on_effects_barrier,
                                            start_ordered_effects_afresh_after_a_failure,
                                            hide_frames_of, is_callback_frame,
                                            is_jax_frame, user_frame_of,

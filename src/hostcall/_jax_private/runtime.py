@@ -106,10 +106,37 @@ def start_ordered_effects_afresh_after_a_failure() -> None:
       block_until_ready(self)
     finally:
       self.clear()
+    _run_effects_barrier_hooks()
 
   get_token_input_afresh._hostcall_afresh = True
   token_set.get_token_input = get_token_input_afresh
   token_set.block_until_ready = block_until_ready_once
+
+
+_effects_barrier_hooks: list = []
+_in_effects_barrier_hooks = threading.local()
+
+
+def on_effects_barrier(hook) -> None:
+  """Runs ``hook()`` after every wait for JAX's runtime tokens that
+  ``jax.effects_barrier()`` makes (and JAX's exit hook, and
+  ``jax.clear_backends``), once JAX's own wait has ended: where the host
+  calls that hostcall took out of JAX's effects (queued or deferred by
+  ``hostcall.jit``, asynchronous taps) are waited for too. Not again from
+  inside a hook."""
+  if hook not in _effects_barrier_hooks:
+    _effects_barrier_hooks.append(hook)
+
+
+def _run_effects_barrier_hooks() -> None:
+  if getattr(_in_effects_barrier_hooks, "running", False):
+    return
+  _in_effects_barrier_hooks.running = True
+  try:
+    for hook in _effects_barrier_hooks:
+      hook()
+  finally:
+    _in_effects_barrier_hooks.running = False
 
 
 def _has_failed(token) -> bool:

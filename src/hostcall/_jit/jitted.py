@@ -32,6 +32,7 @@ A program with a host call that cannot be taken out is compiled as
 from __future__ import annotations
 
 import functools
+import sys
 import warnings
 from typing import Any, Callable
 
@@ -40,7 +41,7 @@ import jax
 from hostcall import _jax_private
 from hostcall._core.checks import check_callable
 from hostcall._jit import deferring, jax_callbacks, plan as replay_plan
-from hostcall._runtime import emission, native, queue
+from hostcall._runtime import dispatch_stdout, emission, native, queue
 from hostcall._runtime.deferred import deferred
 
 
@@ -164,11 +165,14 @@ class Jitted:
     callable: a call of an instance's ``__call__`` costs 0.1 to 0.3 us more
     than a function's, a tenth of what this wrapper may add to a call."""
     queueing, queueing_kept = self._queueing, self._queueing_kept
+    noted_stdout = dispatch_stdout.NOTED
 
     def jitted(*args, **kwargs):
       if _dispatching_at_top_level() and _queues_from_the_device():
         if not queue.consumer.started and not _starts(queue.consumer.start):
           return self._plain(*args, **kwargs)  # the interpreter exits
+        if sys.stdout is not noted_stdout[0]:  # (its prints go there)
+          dispatch_stdout.changed()
         if _SEVERAL:
           if self._sharded or _spans_devices(args, kwargs):
             # A global view: queued from one device, its calls' order
@@ -209,6 +213,7 @@ class Jitted:
     if not deferred.started and not deferred.start():
       # The interpreter exits: no thread can start to replay the calls.
       return self._plain(*args, **kwargs)
+    dispatch_stdout.noted()
     outs, extra = self._deferring(*args, **kwargs)
     if extra.plan is not None:
       deferred.submit(extra.plan, extra.packs)

@@ -15,7 +15,8 @@ import threading
 import time
 from typing import Callable
 
-from hostcall._runtime import calls, errors, queue
+from hostcall import _jax_private
+from hostcall._runtime import calls, dispatch_stdout, errors, queue
 from hostcall._runtime.calls import run_hooks
 from hostcall._core.context import why_waiting_is_forbidden
 
@@ -43,9 +44,22 @@ def settle() -> None:
   _local.started = time.monotonic()
   try:
     queue.wait()
+    dispatch_stdout.forget()
     run_hooks(_hooks)
   finally:
     _local.started = None
+
+
+def _after_jax_effects_barrier() -> None:
+  """``jax.effects_barrier()`` waits for the host calls hostcall took out
+  of JAX's effects as for JAX's own (``settle``: raising nothing, as JAX's
+  barrier raises nothing of its callbacks'), except where it would wait
+  for itself (called from a host function)."""
+  if why_waiting_is_forbidden() is None:
+    settle()
+
+
+_jax_private.on_effects_barrier(_after_jax_effects_barrier)
 
 
 def barrier(logging_name: str | None = None) -> None:
