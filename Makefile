@@ -52,9 +52,11 @@ test-heavy: venv
 	$(BIN)/python -m pytest -q -m heavy
 
 # The composition matrix's heavier cells and its longer random programs
-# (tests/test_composition_matrix.py; `make test` runs the rest): CI runs it.
+# (tests/test_composition_matrix.py), and the drop-in harness's
+# (tests/test_drop_in.py, with its HOSTCALL_NATIVE=0 run); `make test`
+# runs the rest: CI runs it.
 test-compositions: venv
-	$(BIN)/python -m pytest -q -p no:cacheprovider -m heavy tests/test_composition_matrix.py
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m heavy tests/test_composition_matrix.py tests/test_drop_in.py
 
 # Every tap test program again under hostcall.jit, both its routes
 # (tests/test_jit_differential.py, about 4 minutes): CI runs it.

@@ -778,3 +778,49 @@ def test_what_hostcall_jit_reads_of_jaxs_callbacks():
       np.float32(3), callback=lambda v: (seen.append(float(v)), v)[1],
       result_avals=(), sharding=None, ordered=False)
   assert seen == [3.0]
+
+
+def test_jaxs_effects_barrier_runs_the_hooks_after_its_wait():
+  # jax.effects_barrier() is dispatch.runtime_tokens.block_until_ready(),
+  # which hostcall wraps (so that it waits for the calls hostcall.jit takes
+  # out of JAX's effects): a JAX that waits elsewhere fails here.
+  seen = []
+  hook = lambda: seen.append("hook")  # noqa: E731
+  _jax_private.on_effects_barrier(hook)
+  try:
+    jax.effects_barrier()
+    assert seen == ["hook"]
+    _jax_private.on_effects_barrier(hook)  # registered once
+    jax.effects_barrier()
+    assert seen == ["hook", "hook"]
+  finally:
+    _jax_private.runtime._effects_barrier_hooks.remove(hook)
+
+
+def test_pmap_default_axis_name_is_the_one_jax_gives_an_unnamed_pmap():
+  # call_context().axis_indices keys this axis None (issue 52): a JAX that
+  # names it otherwise would show its internal name again.
+  seen = []
+
+  def body(x):
+    seen.append(_jax_private.collective_axis_names())
+    return x
+
+  jax.pmap(body)(jnp.zeros(1))
+  assert seen == [(_jax_private.PMAP_DEFAULT_AXIS_NAME,)]
+
+
+def test_source_context_of_stages_with_the_equations_user_frame():
+  def users_line(x):
+    return jnp.sin(x)
+
+  eqn, = jax.make_jaxpr(users_line)(1.0).eqns
+  where = _jax_private.user_frame_of(eqn)
+  assert where == f"{__file__}:{users_line.__code__.co_firstlineno + 1}"
+
+  def elsewhere(x):
+    with _jax_private.source_context_of(eqn):
+      return jnp.cos(x)
+
+  staged, = jax.make_jaxpr(elsewhere)(1.0).eqns
+  assert _jax_private.user_frame_of(staged) == where

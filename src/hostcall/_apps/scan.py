@@ -347,7 +347,13 @@ def chunked_scan(f: Callable, init, xs=None, length: int | None = None,
   lo = groups * span
   for stack, n in ((left, every), (None, rest)):
     if stack != 0 and n:
-      carry, ys = group(carry, part(lo, stack, n), stack, n)
+      xs_part = part(lo, stack, n)
+      if lo:
+        # Its steps' values tied to the carry of the steps before: XLA
+        # would otherwise run a host call that reads only ``xs`` (an
+        # unordered tap) before theirs.
+        carry, xs_part = lax.optimization_barrier((carry, xs_part))
+      carry, ys = group(carry, xs_part, stack, n)
       ys_parts.append(ys)
       lo += n * (stack or 1)
   ys = jax.tree_util.tree_map(lambda *p: jnp.concatenate(p), *ys_parts) \
