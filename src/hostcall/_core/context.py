@@ -34,7 +34,9 @@ class CallContext:
       one), the calling device's index along each mapped axis of the mesh,
       by name (``{"x": 2}``): which block of the global array it holds
       (with ``in_specs=P("x")``, rows ``2 * n`` to ``3 * n`` of the global
-      array) and which part of a ``pmap``'s batch. Empty elsewhere.
+      array) and which part of a ``pmap``'s batch. The axis of a ``pmap``
+      without ``axis_name`` is keyed ``None`` (the name given):
+      ``{None: 2}``. Empty elsewhere.
     gates: how many of the call's last flat operands say, per lane,
       whether the lane took a ``cond`` branch that holds the call (one per
       ``vmap`` of a ``cond`` whose predicate is batched; see ``gating``):
@@ -103,7 +105,11 @@ def call_context() -> CallContext | None:
 
   Host functions of every flavour may call it to learn which device called
   them (``.device``), from which process (``.process_index``) and under which
-  transformations (``.transforms``, ``.batch_levels``).
+  transformations (``.transforms``, ``.batch_levels``). Under ``shard_map``
+  and ``pmap``, ``.axis_indices`` gives the calling device's index along
+  each mapped axis by its name (``{"x": 2}``); the axis of a ``pmap``
+  without ``axis_name`` is keyed ``None`` (``{None: 2}``), not by JAX's
+  internal name for it.
 
   Example:
     >>> import jax, numpy as np, hostcall

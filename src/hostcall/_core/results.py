@@ -12,12 +12,20 @@ from hostcall import _jax_private
 _NUMBERS = (bool, int, float, complex)
 
 
-class ResultError(TypeError, RuntimeError):
+class ResultError(TypeError, jax.errors.JaxRuntimeError):
   """A host function returned something other than its declared result.
 
-  Both a ``TypeError`` (what hostcall raised before) and a ``RuntimeError``
-  (what JAX's callbacks raise for the same mistake).
+  Both a ``TypeError`` (what hostcall raised before) and a
+  ``jax.errors.JaxRuntimeError`` (a ``RuntimeError``: what JAX's callbacks
+  raise for the same mistake), so that code catching JAX's error catches
+  it too where hostcall raises it itself (under ``jax.disable_jit()``).
   """
+
+  def __init__(self, message: str):
+    super().__init__(message)
+    self._error_message = message  # what JaxRuntimeError's str() shows
+
+  __str__ = TypeError.__str__
 
 
 def _is_x64_only(dtype) -> bool:
@@ -120,9 +128,18 @@ class _Checker:
           f"Callback func {self.who} should have returned a result with "
           f"abstract values {self.expected!r} but returned "
           f"{_describe(self.result)}. ({message}.) {fix}")
+    raise ResultError(f"{self.who} returned a wrong result. {message}. {fix}")
+
+  def fail_count(self, expected: int, actual: int, fix: str):
+    """The number of leaves differs: both structures shown, which say more
+    than the counts (and name no shape twice)."""
+    if self.legacy:
+      self.fail(f"Mismatched number of outputs from callback. Expected: "
+                f"{expected}, Actual: {actual}", fix)
     raise ResultError(
-        f"{message}. {self.who} returned {_describe(self.result)}, but the "
-        f"declared result is {self.expected!r}. {fix}")
+        f"{self.who} returned {_describe(self.result)}, but the declared "
+        f"result is {self.expected!r}. Mismatched number of outputs from "
+        f"callback. Expected: {expected}, Actual: {actual}. {fix}")
 
   def leaves(self) -> list:
     result, avals = self.result, self.avals
@@ -139,9 +156,8 @@ class _Checker:
       return flat
     if len(avals) == 1 and _is_number_tree(result):
       return [result]  # hostcall converts a nested list of numbers
-    self.fail(
-        f"Mismatched number of outputs from callback. Expected: "
-        f"{len(avals)}, Actual: {len(flat)}",
+    self.fail_count(
+        len(avals), len(flat),
         "Return one array per declared leaf (in any container), or change "
         "the declared result.")
 
@@ -223,9 +239,8 @@ def check_results(result, tree, avals: Sequence, who: str, *,
   if not avals:
     if jax.tree_util.tree_leaves(result):
       checker = _Checker(result, tree, avals, who, legacy)
-      checker.fail(
-          f"Mismatched number of outputs from callback. Expected: 0, Actual: "
-          f"{len(jax.tree_util.tree_leaves(result))}",
+      checker.fail_count(
+          0, len(jax.tree_util.tree_leaves(result)),
           "Return None, or declare the result's shape and dtype.")
     return []
   checker = _Checker(result, tree, avals, who, legacy)

@@ -104,7 +104,8 @@ def evaluate(jaxpr, consts, args, rewrite: Rewrite) -> list:
     env[v] = x
   for eqn in jaxpr.eqns:
     invals = [read(v) for v in eqn.invars]
-    outs = rewrite(eqn, invals)
+    with _jax_private.source_context_of(eqn):  # (the user's file and line)
+      outs = rewrite(eqn, invals)
     if outs is None:
       if eqn.effects and effectful(eqn) and inner_jaxprs(eqn):
         outs = _rebuild(eqn, invals, rewrite)

@@ -79,6 +79,13 @@ class CallbackTarget(CallTarget):
     return f"{self.flavour}({self.name!r})"
 
   @property
+  def who(self) -> str:
+    """The callback, as a failed check of its results names it: its name
+    and where it is defined (a lambda's name alone says little)."""
+    where = _defined_at(self.callback)
+    return f"{self.label}: the callback {self.name!r}{where}"
+
+  @property
   def label(self) -> str:
     return f"hostcall.{self.flavour}"
 
@@ -175,13 +182,12 @@ class CallbackTarget(CallTarget):
     direct = getattr(type(self.callback), "direct_form", None)
     if direct is not None:
       return direct(self.callback)
-    callback, name = self.callback, self.name
+    callback = self.callback
 
     def call(*flat):
       result = callback(*flat)
       if result is not None:
-        results.check_results(result, self.result_tree, (),
-                              f"{self.flavour}: the callback {name!r}")
+        results.check_results(result, self.result_tree, (), self.who)
     return call
 
   def run_scope(self, context: CallContext):
@@ -203,6 +209,15 @@ class CallbackTarget(CallTarget):
     result = self.callback(*args, **kwargs)
     if result is None and not avals:
       return []  # the common case: a callback for its effect
-    return results.check_results(
-        result, self.result_tree, avals,
-        f"{self.flavour}: the callback {self.name!r}")
+    return results.check_results(result, self.result_tree, avals, self.who)
+
+
+def _defined_at(fn) -> str:
+  """`` (defined at file:line)`` of a Python function (through
+  ``functools.partial``), else empty."""
+  while isinstance(fn, functools.partial):
+    fn = fn.func
+  code = getattr(fn, "__code__", None)
+  if code is None:
+    return ""
+  return f" (defined at {code.co_filename}:{code.co_firstlineno})"

@@ -146,6 +146,12 @@ def collective_axis_names() -> tuple:
   return tuple(n for n in env.axis_names() if n not in explicit)
 
 
+#: The name ``jax.pmap`` gives its axis where the user names none
+#: (``axis_name=None``): a name of JAX's own, which ``call_context()``
+#: shows as ``None`` instead.
+PMAP_DEFAULT_AXIS_NAME = "_internal_pmap_axis_name"
+
+
 def device_assignment(sharding) -> tuple:
   """The devices of ``sharding`` in the order of the computation's device
   assignment (what a call's ``device_index`` counts), by id where the

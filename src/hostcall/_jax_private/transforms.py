@@ -185,6 +185,16 @@ def _dispatching_at_top_level_reader():
 dispatching_at_top_level = _dispatching_at_top_level_reader()
 
 
+def source_context_of(eqn):
+  """A context in which what is bound has ``eqn``'s source location (the
+  user's file and line, where ``eqn`` was staged) and name stack, as
+  ``jax.core.eval_jaxpr`` binds each equation."""
+  name_stack = (_source_info_util.current_name_stack()
+                + eqn.source_info.name_stack)
+  return _source_info_util.user_context(eqn.source_info.traceback,
+                                        name_stack=name_stack)
+
+
 def bind_equation(eqn, invals):
   """Binds ``eqn``'s primitive on ``invals`` in the current trace, as
   ``jax.core.eval_jaxpr`` does (its parameters made bindable, its source
@@ -193,11 +203,7 @@ def bind_equation(eqn, invals):
   subfuns = ()
   if isinstance(params, tuple):  # JAX before 0.9: (subfuns, params)
     subfuns, params = params
-  name_stack = (_source_info_util.current_name_stack()
-                + eqn.source_info.name_stack)
-  with _source_info_util.user_context(eqn.source_info.traceback,
-                                      name_stack=name_stack), \
-      eqn.ctx.manager:
+  with source_context_of(eqn), eqn.ctx.manager:
     return eqn.primitive.bind(*subfuns, *invals, **params)
 
 

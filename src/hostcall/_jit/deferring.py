@@ -98,10 +98,57 @@ def _runs_live_without_effect(eqn, queued: bool) -> bool:
 
 def _packable(aval) -> bool:
   dtype = getattr(aval, "dtype", None)
-  # Numbers of every width (bfloat16, float8, int4 too) and booleans; not
-  # PRNG keys or float0, which no output carries as they are.
+  # Numbers of every width (bfloat16, float8, int4 too), booleans and PRNG
+  # keys (taken out as their key data, ``_physical``); not float0 or
+  # another extended dtype, which no output carries as they are.
   return dtype is not None and (jnp.issubdtype(dtype, jnp.number)
-                                or jnp.issubdtype(dtype, jnp.bool_))
+                                or jnp.issubdtype(dtype, jnp.bool_)
+                                or _is_key(dtype))
+
+
+def _is_key(dtype) -> bool:
+  return jnp.issubdtype(dtype, jax.dtypes.prng_key)
+
+
+def _physical(value, aval):
+  """An operand as a deferred call carries it: a PRNG key as its key data
+  (``jax.random.key_data``: what the host function of a call in a program
+  ``jax.jit`` compiles receives), any other value in its own dtype."""
+  if _is_key(aval.dtype):
+    return jax.random.key_data(value)
+  return jnp.asarray(value, aval.dtype)
+
+
+def why_kept(eqn, queued: bool = False) -> str:
+  """Why ``keeps_live(eqn, queued)``: what about ``eqn`` keeps its
+  program as ``jax.jit`` compiles it, in words for the warning."""
+  name = eqn.primitive.name
+  if eqn.primitive is not hostcall_p:
+    if _calls_in_a_predicate(eqn, queued):
+      return "a while_loop whose predicate calls the host"
+    if name == "io_callback":
+      return ("an io_callback whose results the program uses (or with a "
+              "sharding), which must run in place")
+    if eqn.params.get("partitioned"):
+      return "a partitioned call (one per shard), which stays in the program"
+    if any(k.endswith("jaxpr") or k == "branches" for k in eqn.params):
+      name = {"remat2": "jax.checkpoint", "checkpoint": "jax.checkpoint",
+              "custom_jvp_call": "custom_jvp",
+              "custom_vjp_call": "custom_vjp"}.get(name, name)
+      return (f"the host calls (or other effects) inside a {name}, where "
+              "hostcall.jit takes none out")
+    effects = ", ".join(sorted({type(e).__name__ for e in eqn.effects}))
+    return f"an effect hostcall.jit cannot take out ({name}: {effects})"
+  params = eqn.params
+  if params["partitioned"]:
+    return "a partitioned call (one per shard), which stays in the program"
+  unpackable = [v.aval for v in eqn.invars if not _packable(v.aval)]
+  if unpackable:
+    return (f"its operand of dtype {unpackable[0].dtype}, which a program "
+            "cannot hand out as bytes to call the host later")
+  if params["kind"] == "call" and params["result_avals"]:
+    return "a call whose results the program uses, which must run in place"
+  return "a host call that must run where the program makes it"
 
 
 def _is_jit(eqn) -> bool:
@@ -254,8 +301,7 @@ class _Recorder:
 
   def record(self, eqn, invals) -> None:
     params = eqn.params
-    operands = [jnp.asarray(x, v.aval.dtype)
-                for x, v in zip(invals, eqn.invars)]
+    operands = [_physical(x, v.aval) for x, v in zip(invals, eqn.invars)]
     if self.queued:
       self.order  # noqa: B018 - binds the call before this one
       self._pending = (operands, {
@@ -264,8 +310,8 @@ class _Recorder:
       return
     self.nodes.append(Call(
         params["target"], params["transforms"],
-        tuple(tuple(v.aval.shape) for v in eqn.invars),
-        tuple(np.dtype(v.aval.dtype) for v in eqn.invars),
+        tuple(tuple(o.shape) for o in operands),
+        tuple(np.dtype(o.dtype) for o in operands),
         params["device_index"]))
     self.values.extend(operands)
 

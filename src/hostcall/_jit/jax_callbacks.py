@@ -74,18 +74,76 @@ def picker(closed):
   return is_jax_callback
 
 
+def _users_function(callback):
+  """The user's function behind a JAX callback equation's ``callback``
+  parameter, to name it by: ``jax.debug.callback``'s ``_flat_callback``
+  closes over it (as ``callback``), ``io_callback``'s ``_FlatCallback``
+  holds it (``callback_func``), a ``functools.partial`` wraps it (the
+  user's too: its function is named). Where none of these holds, what
+  was unwrapped so far."""
+  seen = set()
+  while id(callback) not in seen:
+    seen.add(id(callback))
+    if isinstance(callback, functools.partial):
+      callback = callback.func
+      continue
+    held = getattr(callback, "callback_func", None)
+    if callable(held):
+      callback = held
+      continue
+    code = getattr(callback, "__code__", None)
+    cells = getattr(callback, "__closure__", None) or ()
+    # Only JAX's own wrappers are looked into: a user's closure over a
+    # ``callback`` is the user's function itself.
+    if (code is not None and "callback" in code.co_freevars
+        and str(getattr(callback, "__module__", "")).startswith("jax")):
+      try:
+        inner = cells[code.co_freevars.index("callback")].cell_contents
+      except (IndexError, ValueError):  # an empty cell
+        break
+      if callable(inner):
+        callback = inner
+        continue
+    break
+  return callback
+
+
+def _name_of(eqn) -> str:
+  """The name of the user's function a JAX callback equation calls, or
+  the primitive's name (a print's)."""
+  callback = eqn.params.get("callback")
+  name = getattr(_users_function(callback), "__name__", None)
+  return name if isinstance(name, str) else eqn.primitive.name
+
+
+def _physical_avals(eqn) -> list:
+  """The abstract values of ``eqn``'s operands as its host function gets
+  them: a PRNG key as its key data (as in a program ``jax.jit`` compiles,
+  and as ``deferring`` takes it out)."""
+  avals = []
+  for v in eqn.invars:
+    aval = v.aval
+    if jax.dtypes.issubdtype(getattr(aval, "dtype", None),
+                             jax.dtypes.prng_key):
+      data = jax.eval_shape(jax.random.key_data,
+                            jax.ShapeDtypeStruct(aval.shape, aval.dtype))
+      aval = _jax_private.ShapedArray(data.shape, data.dtype)
+    avals.append(aval)
+  return avals
+
+
 class _Eager:
   """The host function of a rewritten call: the primitive's own eager
-  implementation, called with its parameters (its results dropped)."""
+  implementation, called with its parameters (its results dropped); named
+  after the user's function (``_name_of``), as hostcall's own calls are."""
 
   def __init__(self, eqn):
     self.primitive, self.params = eqn.primitive, dict(eqn.params)
-    self.__name__ = getattr(self.params.get("callback"), "__name__",
-                            eqn.primitive.name)
+    self.__name__ = _name_of(eqn)
     # jax.debug.callback's implementation, its placement of the values a
     # tenth of the cost (tens of microseconds a call under JAX's own).
     self._on_cpu = (_jax_private.debug_callback_on_cpu(
-        self.params["callback"], [v.aval for v in eqn.invars])
+        self.params["callback"], _physical_avals(eqn))
         if eqn.primitive.name == "debug_callback" else None)
 
   def run_scope(self):
@@ -179,9 +237,8 @@ def _printed_with_numpy(eqn) -> bool:
   needed = {"fmt", "in_tree", "static_args", "np_printoptions"}
   return (eqn.primitive.name == "debug_print" and needed <= set(params)
           and _formats_as_jax(params["fmt"])
-          and not any(jax.dtypes.issubdtype(v.aval.dtype,
-                                            jax.dtypes.extended)
-                      for v in eqn.invars))
+          and not any(jax.dtypes.issubdtype(a.dtype, jax.dtypes.extended)
+                      for a in _physical_avals(eqn)))
 
 
 def _check_as_jax_does(outs, avals) -> None:
@@ -209,7 +266,7 @@ def _rewrite(is_jax_callback, eqn, invals):
   ordered = _ordered(eqn)
   eager = _Printed(eqn) if _printed_with_numpy(eqn) else _Eager(eqn)
   if eqn.primitive.name in _DEBUG:
-    stage_debug("debug_callback", eager, tuple(invals), {},
+    stage_debug(eqn.primitive.name, eager, tuple(invals), {},
                 "debug_ordered" if ordered else "unordered", False)
     return []
   _stage.stage("io_callback", eager, None, tuple(invals), {},
@@ -235,14 +292,15 @@ def as_hostcalls(closed):
   return jax.make_jaxpr(rewriting.as_function(closed, rewrite))(*specs)
 
 
-def first_kept(jaxpr, kept) -> str | None:
+def first_kept(jaxpr, kept, why=None) -> str | None:
   """A description of the first equation of ``jaxpr`` (searched through
-  nested jaxprs) for which ``kept(eqn)``, or None."""
+  nested jaxprs) for which ``kept(eqn)``, or None: what it is, the user's
+  file and line that staged it, and (``why(eqn)``) why it is kept."""
   for eqn in getattr(jaxpr, "jaxpr", jaxpr).eqns:
     if kept(eqn):
-      return _describe(eqn)
+      return _describe(eqn) + (f": {why(eqn)}" if why is not None else "")
     for sub in rewriting.inner_jaxprs(eqn) or []:
-      found = first_kept(sub, kept)
+      found = first_kept(sub, kept, why)
       if found is not None:
         return found
   return None

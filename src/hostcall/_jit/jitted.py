@@ -282,13 +282,13 @@ class Jitted:
       rewritable = jax_callbacks.picker(rewritten)
       kept = jax_callbacks.first_kept(
           rewritten, lambda eqn: (deferring.keeps_live(eqn, queued)
-                                  and not rewritable(eqn)))
+                                  and not rewritable(eqn)),
+          why=lambda eqn: deferring.why_kept(eqn, queued))
       warnings.warn(
           f"hostcall.jit: {getattr(self._fun, '__name__', 'the function')}"
           f" runs as jax.jit runs it, its host calls inside the program "
-          f"(JAX's effects, its slower dispatch), because of {kept}: a "
-          "call whose results the program uses, or an effect hostcall.jit "
-          "cannot take out. hostcall.debug_print / debug_callback / "
+          f"(JAX's effects, its slower dispatch), because of {kept}. "
+          "hostcall.debug_print / debug_callback / "
           "io_callback without results (and JAX's jax.debug.print, "
           "jax.debug.callback, io_callback whose results are unused) are "
           "taken out; see docs/performance.md.", HostcallJitWarning,

@@ -140,14 +140,18 @@ def route(ctx, handler: str, handlers_registered: bool) -> str:
 
 def mesh_indices(ctx) -> list[dict]:
   """Under ``shard_map``, each calling device's index along the mesh's
-  mapped axes, in the order ``caller`` gives the devices."""
+  mapped axes, in the order ``caller`` gives the devices. The axis of a
+  ``pmap`` without ``axis_name`` is keyed ``None``, the name the user gave
+  (JAX's own name for it is internal)."""
   axis_context = ctx.module_context.axis_context
   mesh = getattr(axis_context, "mesh", None)
   if mesh is None:
     return []
-  names = list(mesh.axis_names)
+  names = [None if n == _jax_private.PMAP_DEFAULT_AXIS_NAME else n
+           for n in mesh.axis_names]
   manual = getattr(axis_context, "manual_axes", None)
-  mapped = [i for i, n in enumerate(names) if not manual or n in manual]
+  mapped = [i for i, n in enumerate(mesh.axis_names)
+            if not manual or n in manual]
   return [{names[i]: int(at[i]) for i in mapped}
           for at in np.ndindex(*mesh.devices.shape)]
 

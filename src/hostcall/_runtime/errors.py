@@ -25,6 +25,8 @@ import re
 import threading
 import traceback
 
+from hostcall._core.results import ResultError
+
 logger = logging.getLogger("hostcall")
 
 _KEEP = 64  # originals kept for the caller, newest last
@@ -70,7 +72,11 @@ _pending = _Pending()
 
 def postpone(exc: BaseException, what) -> None:
   """Logs ``exc`` (raised by ``what``) with its traceback and keeps it for
-  the next barrier: a failure that must not stop what is running."""
+  the next barrier: a failure that must not stop what is running. A failed
+  check of the results (``is_check_failure``) shows its message alone, not
+  hostcall's frames that checked them."""
+  if is_check_failure(exc):
+    exc = exc.with_traceback(None)
   formatted = format_safely(exc)
   logger.error("hostcall: %s raised; the next barrier will raise "
                "CallbackException.\n%s", what, formatted)
@@ -182,6 +188,15 @@ def _user_frames(tb):
   return tb
 
 
+def is_check_failure(exc: BaseException) -> bool:
+  """Whether ``exc`` is hostcall's own check of a host function's results
+  failing (a ``ResultError``: a wrong shape, dtype or number of results),
+  not the host function raising. Its message names the function and what
+  it returned; as JAX's own check, it is not logged, and it carries no
+  hostcall frames nor a note repeating it."""
+  return isinstance(exc, ResultError)
+
+
 def for_runtime(exc: BaseException, label: str) -> BaseException:
   """What to raise into the runtime for ``exc``, a host function's failure.
 
@@ -189,14 +204,24 @@ def for_runtime(exc: BaseException, label: str) -> BaseException:
   that names its id and how to get it back (``hostcall.original_errors()``),
   when the runtime can carry it (so the error text is the one JAX users
   know); otherwise a ``HostFunctionError`` carrying an escaped rendering
-  and the same tag.
+  and the same tag. A failed check of the results (``is_check_failure``)
+  is raised without a traceback (its frames are hostcall's) or a note, so
+  that the runtime's text shows its message once, last, as JAX's text
+  shows its own check's; ``original_error`` finds it by that text.
   """
+  if is_check_failure(exc) and _carryable(exc):
+    exc = exc.with_traceback(None)
+    _keep(exc)
+    return exc
   user_tb = _user_frames(exc.__traceback__)
   if user_tb is not None:
     exc = exc.with_traceback(user_tb)
   key = _keep(exc)
   tag = _TAG.format(key)
-  note = (f"[{tag}: the host function of {label} raised {describe(exc)}; "
+  # (A message's closing period is dropped before the semicolon.)
+  raised = describe(exc).rstrip()
+  raised = raised[:-1] if raised.endswith(".") else raised
+  note = (f"[{tag}: the host function of {label} raised {raised}; "
           f"`with hostcall.original_errors():` around the JAX call raises "
           f"this {type(exc).__name__} itself]")
   if _carryable(exc):
@@ -230,7 +255,11 @@ def log_failure(label: str, exc: BaseException,
   exception as ``exc_info`` (hostcall's pointers ride on the exception's
   notes, which the traceback shows). Otherwise on the ``hostcall`` logger,
   naming ``label``. An exception whose text a stream cannot carry is
-  logged as a ``HostFunctionError`` with an escaped rendering."""
+  logged as a ``HostFunctionError`` with an escaped rendering. A failed
+  check of the results (``is_check_failure``) is not logged: the error
+  the call raises says it, as JAX's own check is not logged either."""
+  if is_check_failure(exc):
+    return
   if not _carryable(exc):
     exc = HostFunctionError(
         f"{label}: the host function raised {format_safely(exc)}")
@@ -246,8 +275,8 @@ def summary(error: BaseException) -> str | None:
   """One line saying which host function's exception failed the JAX call
   ``error`` and how to get it back, or None when no host function did."""
   original = original_error(error)
-  if original is None or original is error:
-    return None
+  if original is None or original is error or is_check_failure(original):
+    return None  # (a failed check's message ends the error's text already)
   return (f"hostcall: the JAX call failed because a host function raised "
           f"{describe(original)}; `with hostcall.original_errors():` around "
           f"the call raises that {type(original).__name__} itself.")
