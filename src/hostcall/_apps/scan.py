@@ -324,8 +324,9 @@ def chunked_scan(f: Callable, init, xs=None, length: int | None = None,
     group = _stoppable(group, check)
     init = (init, jnp.int32(0), jnp.int32(0))  # carry, checks, reason
   elif flush_steps is not None and every < min(flush_steps, steps):
-    chunks_a_flush = _chunks_a_flush(probe, sum(flushes[0].sizes), every,
-                                     min(flush_steps, steps))
+    chunks_a_flush = _chunks_a_flush(
+        probe, sum(flushes[0].sizes) if flushes else 0, every,
+        min(flush_steps, steps))
 
   def part(lo, *lead):
     """``xs`` from step ``lo``, shaped ``lead`` (a None: no axis)."""
