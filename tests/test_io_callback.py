@@ -149,14 +149,19 @@ def test_io_callback_with_rules_runs_once_per_primal_evaluation():
   assert log.calls == [(0.5,)]
 
 
-@pytest.mark.parametrize("impl", [jax_io_callback, hostcall.io_callback])
-def test_while_loop_with_batched_predicate_is_refused_like_jax(impl):
+@pytest.mark.parametrize("impl,returns", [(jax_io_callback, False),
+                                          (jax_io_callback, True),
+                                          (hostcall.io_callback, True)])
+def test_while_loop_with_batched_predicate_is_refused_like_jax(impl, returns):
   # Lanes that have finished would still run an impure callback: refused,
-  # with JAX's error, before anything runs.
-  log = Log(returns=False)
+  # with JAX's error, before anything runs (hostcall's, only where it has a
+  # result, which the body would go on with for every lane).
+  log = Log(returns=returns)
 
   def f(limit):
     def body(c):
+      if returns:
+        return impl(log, _like(c), c) + 1
       impl(log, None, c)
       return c + 1
     return lax.while_loop(lambda c: c < limit, body, 0)
@@ -165,6 +170,22 @@ def test_while_loop_with_batched_predicate_is_refused_like_jax(impl):
                      "while_loop with batched predicate"):
     jax.vmap(f)(jnp.array([1, 3]))
   assert log.calls == []
+
+
+def test_result_less_io_callback_in_batched_while_runs_for_lanes_looping():
+  # hostcall gives a result-less io callback in the body the lanes whose
+  # predicate still holds (gating): lane 0 finishes after one step.
+  log = Log(returns=False)
+
+  def f(limit):
+    def body(c):
+      hostcall.io_callback(log, None, limit, c)
+      return c + 1
+    return lax.while_loop(lambda c: c < limit, body, 0)
+
+  np.testing.assert_array_equal(jax.vmap(f)(jnp.array([1, 3])), [1, 3])
+  hostcall.barrier()
+  assert sorted(log.calls) == [(1, 0), (3, 0), (3, 1), (3, 2)]
 
 
 @pytest.mark.parametrize("impl", [jax_io_callback, hostcall.io_callback])

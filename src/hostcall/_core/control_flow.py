@@ -1,5 +1,6 @@
 """Host calls in JAX's loops: kept in the body under ``grad``, and ``vmap``
-of a ``while_loop`` whose condition makes an ordered host call.
+of a ``while_loop`` whose condition makes an ordered host call or whose
+body makes a gatable one.
 
 Under ``grad``, JAX splits a ``lax.scan`` (``fori_loop`` of static bounds
 too) into the loop that runs forward and the one that runs backward, and
@@ -31,6 +32,12 @@ of the carry, and the new loop's condition (just that predicate) has no
 effect, so JAX's usual batching selects each lane's carry and predicate.
 The host sees what the legacy ``host_callback`` showed it: the condition's
 values once before the loop and once per iteration, for the whole batch.
+
+A batched predicate also gates the body's gatable calls (``gating``: each
+is made only for the lanes still looping), the carried predicate being
+their gate where the condition is carried so, the condition evaluated again
+at the top of the body elsewhere; such a loop is batched as JAX's rule
+batches it, without its refusal of the io effect of the gated io calls.
 Every other ``while`` batches exactly as before.
 """
 
@@ -43,7 +50,7 @@ from jax.extend import core as jex_core
 from jax.extend.core import primitives
 
 from hostcall import _jax_private
-from hostcall._core import rewriting
+from hostcall._core import gating, rewriting
 
 _batch_while = _jax_private.fancy_primitive_batchers[primitives.while_p]
 _HOST_EFFECTS: tuple[type, ...] = ()
@@ -54,8 +61,11 @@ def _spec(aval) -> jax.ShapeDtypeStruct:
                               weak_type=getattr(aval, "weak_type", False))
 
 
-def _predicate_carried(cond_jaxpr, body_jaxpr, n_cond_consts, n_body_consts):
-  """The loop's body and condition with the predicate in the carry."""
+def _predicate_carried(cond_jaxpr, body_jaxpr, n_cond_consts, n_body_consts,
+                       gate: bool = False):
+  """The loop's body and condition with the predicate in the carry (and,
+  ``gate``, each gatable call of the body given it: the lanes still
+  looping)."""
   cond = jex_core.jaxpr_as_fun(cond_jaxpr)
   body = jex_core.jaxpr_as_fun(body_jaxpr)
   avals = cond_jaxpr.in_avals
@@ -70,8 +80,10 @@ def _predicate_carried(cond_jaxpr, body_jaxpr, n_cond_consts, n_body_consts):
   def new_body(*args):
     cconsts = args[:n_cond_consts]
     bconsts = args[n_cond_consts:n_cond_consts + n_body_consts]
+    pred = args[n_cond_consts + n_body_consts]
     carry = args[n_cond_consts + n_body_consts + 1:]
-    carry = body(*bconsts, *carry)
+    step = gating.gated(body_jaxpr, pred) if gate else body
+    carry = step(*bconsts, *carry)
     return (cond(*cconsts, *carry)[0], *carry)
 
   specs = [_spec(a) for a in (pred, *carry)]
@@ -103,14 +115,27 @@ def _while_batching_rule(axis_data, args, dims, *, cond_nconsts, cond_jaxpr,
                          body_nconsts, body_jaxpr):
   params = dict(cond_nconsts=cond_nconsts, cond_jaxpr=cond_jaxpr,
                 body_nconsts=body_nconsts, body_jaxpr=body_jaxpr)
-  if (not any(isinstance(e, _HOST_EFFECTS) for e in cond_jaxpr.effects)
+  ordered = any(isinstance(e, _HOST_EFFECTS) for e in cond_jaxpr.effects)
+  gate = gating.while_gate(cond_jaxpr, body_jaxpr)
+  if (not (ordered or gate)
       or not _predicate_is_batched(axis_data, dims, **params)):
     # JAX's rule and lowering are right for an unbatched predicate: the
-    # condition runs once per iteration.
+    # condition runs once per iteration, and every lane loops as long.
     return _batch_while(axis_data, args, dims, **params)
   n_consts = cond_nconsts + body_nconsts
   cconsts, bconsts = args[:cond_nconsts], args[cond_nconsts:n_consts]
   cdims, bdims = dims[:cond_nconsts], dims[cond_nconsts:n_consts]
+  if not ordered:
+    if gate == "gate":
+      # Each gatable call of the body told whether its lane still loops.
+      new_body = gating.gated_body(cond_jaxpr, body_jaxpr, cond_nconsts,
+                                   body_nconsts)
+      if new_body is None:
+        return _batch_while(axis_data, args, dims, **params)
+      args = [*cconsts, *args]
+      dims = [*cdims, *dims]
+      params.update(body_nconsts=n_consts, body_jaxpr=new_body)
+    return gating.batch_every_lane(axis_data, args, dims, **params)
   # A batched predicate batches the whole carry (as JAX's rule does), from
   # the condition's first evaluation on.
   init = [_jax_private.broadcast_batched(x, axis_data, d)
@@ -120,8 +145,10 @@ def _while_batching_rule(axis_data, args, dims, *, cond_nconsts, cond_jaxpr,
       cond_jaxpr, axis_data, list(cdims) + idims, [0])
   (pred,) = jex_core.jaxpr_as_fun(first_cond)(*cconsts, *init)
   new_cond, new_body = _predicate_carried(cond_jaxpr, body_jaxpr,
-                                          cond_nconsts, body_nconsts)
-  outs, out_dims = _batch_while(
+                                          cond_nconsts, body_nconsts,
+                                          gate == "gate")
+  batch = gating.batch_every_lane if gate == "gate" else _batch_while
+  outs, out_dims = batch(
       axis_data, [*cconsts, *bconsts, pred, *init],
       [*cdims, *bdims, 0, *idims], cond_nconsts=0, cond_jaxpr=new_cond,
       body_nconsts=n_consts, body_jaxpr=new_body)
