@@ -4,7 +4,9 @@ import jax
 import numpy as np
 import pytest
 
-from hostcall._runtime import errors
+import hostcall
+from hostcall import host_callback as hcb
+from hostcall._runtime import errors, queue
 from hostcall._runtime.barriers import settle
 
 
@@ -67,3 +69,19 @@ def stream():
 collect_ignore_glob = []
 if jax.device_count() < 4:
   collect_ignore_glob.append("multidevice/*")
+
+
+@pytest.fixture
+def window():
+  """Sets the delivery thread's window (bypassing the 1 s bound, to make a
+  missed wake-up a hang) and restores the default after the test."""
+  def set_window(seconds, idle=None):
+    hostcall.barrier()
+    queue.consumer.gather = seconds
+    queue.consumer.idle_gather = seconds if idle is None else idle
+    # The delivery thread may be in a trip begun with the old window: a
+    # barrier with nothing queued does not end it; one tap does.
+    jax.jit(lambda: hcb.id_tap(lambda *a: None, 0, delivery="async"))()
+    hostcall.barrier()
+  yield set_window
+  set_window(queue.DEFAULT_GATHER, queue.IDLE_GATHER)

@@ -15,18 +15,9 @@ from jax import lax
 import hostcall
 from hostcall import host_callback as hcb
 from hostcall._runtime import queue as asynchronous
+from tests.helpers import wait_for
 
 BATCH0 = ("batch", {"batch_dims": (0,)})
-
-
-def _wait_for(condition, timeout=30.0):
-  """Waits until ``condition()`` holds (checked on a short period)."""
-  event = threading.Event()
-  deadline = timeout
-  while not condition():
-    assert deadline > 0, "condition not reached"
-    event.wait(0.01)
-    deadline -= 0.01
 
 
 def test_the_device_queues_through_the_native_handler_unless_told_not_to():
@@ -85,7 +76,7 @@ def test_back_pressure_blocks_the_device_and_loses_nothing():
     worker = threading.Thread(target=lambda: f().block_until_ready())
     worker.start()
     try:
-      _wait_for(lambda: hostcall.queue_stats()["producer_waits"] >
+      wait_for(lambda: hostcall.queue_stats()["producer_waits"] >
                 waits_before)
       assert worker.is_alive()  # the device is held back by the full queue
       assert hostcall.queue_stats()["queued_bytes"] <= 1 << 16

@@ -23,19 +23,9 @@ from jax import lax
 import hostcall
 from hostcall import host_callback as hcb, metrics
 from hostcall._runtime import queues
+from tests.helpers import run_python
 
 ROOT = pathlib.Path(__file__).parent.parent
-
-
-def _python(code: str, timeout: float = 120, env=None, check=True):
-  """Runs ``code`` in a fresh interpreter; a hang is a test failure."""
-  proc = subprocess.run(
-      [sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
-      text=True, timeout=timeout, cwd=ROOT,
-      env={**os.environ, **(env or {})})
-  if check:
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-  return proc
 
 
 EVERY_DTYPE = [
@@ -69,7 +59,7 @@ def test_every_dtype_crosses_a_tap(delivery):
 
 def test_every_dtype_crosses_the_python_callback_route():
   names = [np.dtype(d).name for d in EVERY_DTYPE]
-  _python(f"""
+  run_python(f"""
       import jax, jax.numpy as jnp, numpy as np, hostcall
       from hostcall import host_callback as hcb
       assert not hostcall.queue_stats()["native"]
@@ -163,7 +153,7 @@ def test_odd_exceptions_never_crash_the_process(flavour):
       "call": "hcb.call(host, x, result_shape=x)",
       "debug_callback": "hostcall.debug_callback(host, x) or x",
   }[flavour]
-  proc = _python(f"""
+  proc = run_python(f"""
       import os, jax, jax.numpy as jnp, hostcall
       from hostcall import host_callback as hcb
       class BadStr(Exception):
@@ -274,7 +264,7 @@ def test_a_failure_of_jaxs_own_callback_is_not_taken_for_hostcalls():
 
 @pytest.mark.parametrize("native", ["1", "0"])
 def test_reentrant_asynchronous_taps_make_progress(native):
-  proc = _python("""
+  proc = run_python("""
       import jax, jax.numpy as jnp, hostcall
       from hostcall import host_callback as hcb
       hostcall.set_queue_capacity(1 << 16)
@@ -303,7 +293,7 @@ def test_a_host_function_waiting_on_another_thread_makes_progress(native):
   # The asynchronous host function runs a tapping computation through a
   # worker thread while the queue is full: it waits in concurrent.futures,
   # not in JAX.
-  proc = _python("""
+  proc = run_python("""
       import concurrent.futures, jax, jax.numpy as jnp, hostcall
       from hostcall import host_callback as hcb
       hostcall.set_delivery("async")
@@ -400,7 +390,7 @@ def test_a_writer_that_raises_anything_never_hangs_the_barrier(exc, tmp_path):
 
 
 def test_one_run_failing_at_exit_costs_the_others_nothing(tmp_path):
-  _python(f"""
+  run_python(f"""
       import jax, hostcall
       from hostcall import metrics
       class FullDisk(metrics.Writer):
@@ -707,7 +697,7 @@ def _native_probe(extension, home):
   """What an asynchronous tap says when hostcall's extension is the file
   ``extension`` (a stand-in for a damaged install), twice, and whether a
   synchronous tap still runs."""
-  proc = _python(f"""
+  proc = run_python(f"""
       import jax, hostcall
       from hostcall import host_callback as hcb
       from hostcall._runtime import libraries

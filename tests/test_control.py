@@ -20,7 +20,6 @@ import pytest
 import hostcall
 from hostcall import control
 from hostcall._apps import loops as loops_module
-from tests.test_gather import window  # noqa: F401 - a fixture
 
 ROOT = pathlib.Path(__file__).parent.parent
 

@@ -6,7 +6,6 @@ they say, with JAX's callback beside hostcall's where JAX has one.
 """
 
 import logging
-import pathlib
 import re
 
 import jax
@@ -17,20 +16,7 @@ from jax.experimental import io_callback as jax_io_callback
 
 import hostcall
 from hostcall import host_callback as hcb
-
-ROOT = pathlib.Path(__file__).parent.parent
-
-
-def _text(page: str) -> str:
-  return re.sub(r"\s+", " ", (ROOT / page).read_text())
-
-
-def stated(page: str, *sentences: str) -> None:
-  """Fails unless ``page`` says each of ``sentences``."""
-  text = _text(page)
-  for sentence in sentences:
-    assert re.sub(r"\s+", " ", sentence) in text, (page, sentence)
-
+from tests.helpers import stated
 
 def _fail(*args, **kwargs):
   raise ValueError("host function failed on purpose")

@@ -582,7 +582,7 @@ def test_debug_callback_of_a_linear_value_under_transposition_like_jax():
 
 
 def test_the_reliability_page_says_how_failures_are_logged():
-  from tests.test_doc_statements import stated
+  from tests.helpers import stated
   stated("docs/reliability.md",
          "Such a failure is logged once, with JAX's own record: on the logger "
          "`jax._src.callback` (`jax._src.debugging` for debug callbacks), the "

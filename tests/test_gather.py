@@ -15,27 +15,11 @@ from jax import lax
 import hostcall
 from hostcall import host_callback as hcb
 from hostcall._runtime import queue as asynchronous, queues
-from tests.test_async import _wait_for
+from tests.helpers import wait_for
 
 # Longer than any test's guard: a rule that failed to end the window would
 # show as a hang caught by the guard, not as a slow pass.
 FOREVER = 3600.0
-
-
-@pytest.fixture
-def window():
-  """Sets the delivery thread's window (bypassing the 1 s bound, to make a
-  missed wake-up a hang) and restores the default after the test."""
-  def set_window(seconds, idle=None):
-    hostcall.barrier()
-    asynchronous.consumer.gather = seconds
-    asynchronous.consumer.idle_gather = seconds if idle is None else idle
-    # The delivery thread may be in a trip begun with the old window: a
-    # barrier with nothing queued does not end it; one tap does.
-    jax.jit(lambda: hcb.id_tap(lambda *a: None, 0, delivery="async"))()
-    hostcall.barrier()
-  yield set_window
-  set_window(asynchronous.DEFAULT_GATHER, asynchronous.IDLE_GATHER)
 
 
 def _in_thread(run, guard=60.0):
@@ -91,7 +75,7 @@ def test_a_full_batch_ends_the_window(window, recorder):
   trips = hostcall.queue_stats()["trips"]
   _tapping_loop(recorder, 3 * queues.NativeQueue.BATCH + 5)()
   # Whole batches go without a barrier; only the last five wait for one.
-  _wait_for(lambda: len(recorder.calls) >= 3 * queues.NativeQueue.BATCH)
+  wait_for(lambda: len(recorder.calls) >= 3 * queues.NativeQueue.BATCH)
   assert len(recorder.calls) == 3 * queues.NativeQueue.BATCH
   hostcall.barrier()
   assert [v[0] for v in recorder.values] == list(
@@ -128,7 +112,7 @@ def test_flush_soon_delivers_what_is_queued_and_later_taps_gather(
   trips = hostcall.queue_stats()["trips"]
   _tapping_loop(recorder, 50)().block_until_ready()
   asynchronous.consumer.flush_soon()
-  _wait_for(lambda: len(recorder.calls) == 50)
+  wait_for(lambda: len(recorder.calls) == 50)
   assert hostcall.queue_stats()["trips"] == trips + 1
   jax.jit(lambda: hcb.id_tap(recorder, jnp.full((1,), 50),
                              delivery="async"))().block_until_ready()
@@ -136,7 +120,7 @@ def test_flush_soon_delivers_what_is_queued_and_later_taps_gather(
   # next flush takes it.
   assert hostcall.queue_stats()["queued"] == 1 and len(recorder.calls) == 50
   asynchronous.consumer.flush_soon()
-  _wait_for(lambda: len(recorder.calls) == 51)
+  wait_for(lambda: len(recorder.calls) == 51)
   hostcall.barrier()
   assert [v[0] for v in recorder.values] == list(range(51))
   assert hostcall.queue_stats()["trips"] == trips + 2

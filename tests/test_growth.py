@@ -20,7 +20,7 @@ import pytest
 
 import hostcall
 from hostcall import host_callback as hcb
-from tests.test_attacks import _python
+from tests.helpers import run_python
 
 QUEUES = pytest.mark.parametrize("native", ["1", "0"], ids=["native",
                                                             "python"])
@@ -79,7 +79,7 @@ def changed(before, after):
 
 
 def _child(code: str, native: str, timeout: float = 300):
-  proc = _python(_PRELUDE + textwrap.dedent(code), timeout=timeout,
+  proc = run_python(_PRELUDE + textwrap.dedent(code), timeout=timeout,
                  env={"HOSTCALL_NATIVE": native})
   return proc.stdout.strip().splitlines()[-1]
 

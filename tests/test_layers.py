@@ -151,3 +151,34 @@ def test_the_checks_catch_what_they_look_for(graph, monkeypatch):
     monkeypatch.setattr(sys.modules[__name__], "_edges", lambda: fake)
     with pytest.raises(AssertionError, match="->"):
       test_no_circle_of_imports()
+
+
+TESTS = pathlib.Path(__file__).parent
+
+
+def _test_module_imports(path: pathlib.Path) -> list[str]:
+  """The test modules (``test_*``) that the file at ``path`` imports."""
+  found = []
+  for node in ast.walk(ast.parse(path.read_text())):
+    names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+             else [node.module or ""] if isinstance(node, ast.ImportFrom)
+             else [])
+    if isinstance(node, ast.ImportFrom) and node.level:
+      names = [node.module or ""] + [a.name for a in node.names]
+    found += [n for n in names
+              if any(part.startswith("test_") for part in n.split("."))]
+  return found
+
+
+def test_no_test_module_imports_another():
+  # What several test modules share is in tests/helpers.py (fixtures in
+  # conftest.py), never in a test module another one imports.
+  offenders = {str(p.relative_to(TESTS)): _test_module_imports(p)
+               for p in TESTS.rglob("*.py")}
+  assert not {p: i for p, i in offenders.items() if i}
+
+
+def test_the_test_import_check_catches_one(tmp_path):
+  path = tmp_path / "test_x.py"
+  path.write_text("from tests.test_async import wait_for\n")
+  assert _test_module_imports(path) == ["tests.test_async"]

@@ -1,0 +1,103 @@
+"""Helpers that several test modules share (a test module never imports
+another test module)."""
+
+import os
+import pathlib
+import re
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+
+ROOT = pathlib.Path(__file__).parent.parent
+
+
+def free_port() -> int:
+  """A TCP port of 127.0.0.1 free now (for a jax.distributed
+  coordinator)."""
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def run_python_processes(script: str, argvs: list[list[str]],
+                         at_once: bool = False,
+                         timeout: float = 180) -> list[str]:
+  """Runs ``script`` (Python source) in one process per argument list
+  (``sys.argv[1:]``); returns each one's stdout, once all have exited with
+  status 0 (else the test fails with the stderr of the first that did
+  not).
+
+  ``at_once``: the processes start their work together: each prints
+  ``ready`` once imported (``print("ready", flush=True)``) and then reads a
+  line from stdin, which they are all sent once every one is ready (no
+  sleep: the slowest to start decides when).
+  """
+  procs = [subprocess.Popen([sys.executable, "-c", script, *map(str, argv)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+           for argv in argvs]
+  outputs = []
+  try:
+    if at_once:
+      for p in procs:
+        line = p.stdout.readline()
+        if line != "ready\n":
+          p.kill()
+          pytest.fail(f"a process did not get ready: {line!r}\n"
+                      f"{p.stderr.read()[-4000:]}")
+      for p in procs:
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    for p in procs:
+      outputs.append(p.communicate(timeout=timeout))
+  except subprocess.TimeoutExpired:
+    pytest.fail("a process did not finish in time")
+  finally:
+    for p in procs:  # a failed or hung peer never outlives the test
+      if p.poll() is None:
+        p.kill()
+        p.wait()
+  for i, (p, (out, err)) in enumerate(zip(procs, outputs)):
+    assert p.returncode == 0, f"process {i}:\n{err[-4000:]}"
+  return [out for out, _ in outputs]
+
+
+def run_python(code: str, timeout: float = 120, env=None, check=True):
+  """Runs ``code`` in a fresh interpreter (in the repository's root); a
+  hang is a test failure. With ``check``, a non-zero exit fails the test
+  with the end of its output."""
+  proc = subprocess.run(
+      [sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+      text=True, timeout=timeout, cwd=ROOT,
+      env={**os.environ, **(env or {})})
+  if check:
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  return proc
+
+
+def wait_for(condition, timeout=30.0):
+  """Waits until ``condition()`` holds (checked on a short period); fails
+  the test after ``timeout`` seconds. For a state another thread reaches
+  with no event to wait on (a thread blocked in the queue)."""
+  event = threading.Event()
+  deadline = timeout
+  while not condition():
+    assert deadline > 0, "condition not reached"
+    event.wait(0.01)
+    deadline -= 0.01
+
+
+def page_text(page: str) -> str:
+  """A docs page's text, its whitespace folded."""
+  return re.sub(r"\s+", " ", (ROOT / page).read_text())
+
+
+def stated(page: str, *sentences: str) -> None:
+  """Fails unless ``page`` says each of ``sentences``."""
+  text = page_text(page)
+  for sentence in sentences:
+    assert re.sub(r"\s+", " ", sentence) in text, (page, sentence)
