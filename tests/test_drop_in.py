@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import io
 import itertools
 import os
 import pathlib
 import subprocess
 import sys
+import tempfile
 import threading
 
 import jax
@@ -53,6 +55,18 @@ class Log:
     self.events = []
     self._lock = threading.Lock()
     self.fail_at = None  # (site, value) whose host function raises
+    self.run = None  # the metrics run "run_log" logs to (made when used)
+
+  def metrics_run(self):
+    if self.run is None:
+      self.run = hostcall.metrics.Run("drop-in", root=tempfile.mkdtemp(),
+                                      writers=["memory"])
+    return self.run
+
+  def rows(self) -> list:
+    """The rows logged so far, as events."""
+    return ([] if self.run is None else
+            [("run_log", int(r["v"])) for r in self.run.records()])
 
   def record(self, site, v):
     event = (site, int(np.asarray(v)))
@@ -100,6 +114,7 @@ CALLS = {
     "jax_io_ordered": (lambda log, i: jax_io_callback(
         _tap(log, "jax_io_ordered"), None, i, ordered=True), "io"),
     "jax_print": (lambda log, i: jax.debug.print("jax_print {}", i), None),
+    "run_log": (lambda log, i: log.metrics_run().log({"v": i}), None),
 }
 PRINTED = ("print", "jax_print")
 
@@ -180,6 +195,8 @@ MIXTURES = [
     ("jax_debug", "jax_print", "io_tap"),
     ("debug_ordered", "print"),
     ("io_tap_ordered", "id_tap", "debug"),
+    ("run_log", "print", "io_tap_ordered"),
+    ("run_log", "io_live", "jax_debug"),
 ]
 STEPS = 5
 
@@ -195,8 +212,9 @@ def _compare(reference, subject, names, sites_in_order=True):
     assert ([e for e in s_events if e[0] == site]
             == [e for e in events if e[0] == site]), site
   # The ordered calls of each token in program order.
-  for token in {CALLS[n][1] for n in names} - {None}:
-    sites = {n for n in names if CALLS[n][1] == token}
+  tokens = {n: CALLS[n][1] if n in CALLS else "hostcall" for n in names}
+  for token in set(tokens.values()) - {None}:
+    sites = {n for n in names if tokens[n] == token}
     assert ([e for e in s_events if e[0] in sites]
             == [e for e in events if e[0] in sites]), token
   assert sorted(s_lines) == sorted(lines)
@@ -217,6 +235,7 @@ def _observe(run, log, sync=None):
   """``run()`` with stdout captured, then JAX's sync point ``sync(out)``:
   ``(events, printed lines, result or the exception raised)``."""
   log.events.clear()
+  rows = len(log.rows())
   buffer = io.StringIO()
   with contextlib.redirect_stdout(buffer):
     try:
@@ -225,7 +244,8 @@ def _observe(run, log, sync=None):
     except Exception as exc:  # noqa: BLE001 - compared with JAX's
       out = exc
     jax.effects_barrier()
-  return (list(log.events), buffer.getvalue().splitlines(),
+  return (list(log.events) + log.rows()[rows:],
+          buffer.getvalue().splitlines(),
           out if isinstance(out, BaseException) else jax.device_get(out))
 
 
@@ -311,6 +331,31 @@ def test_a_failing_call_stops_the_scan_where_lax_scan_stops(construct, names,
   _compare(reference, subject, names)
 
 
+@pytest.mark.parametrize("construct", ["hostcall.scan", "hostcall.scan "
+                                       "every=2", "progress.scan"])
+def test_backward_pass_calls_match_lax_scans(construct):
+  # grad_callback's calls (the backward pass, last step first) and the
+  # forward pass's calls of a differentiated loop, as under lax.scan.
+  log = Log()
+
+  def step(c, i):
+    c = hostcall.grad_callback(lambda ct, k: log.record(
+        "grad", 1000 * int(k) + int(np.asarray(ct) * 10)), c, i)
+    hostcall.debug_callback(_tap(log, "debug"), i)
+    return jnp.sin(c) * 1.5, None
+
+  loop, options = SCANS[construct]
+  xs = jnp.arange(STEPS, dtype=jnp.int32)
+  grad = lambda scan: jax.jit(jax.grad(  # noqa: E731
+      lambda c: scan(step, c, xs)[0]))(jnp.float32(0.5))
+  reference = _observe(lambda: grad(functools.partial(lax.scan, **options)),
+                       log)
+  subject = _observe(lambda: grad(loop), log)
+  assert [e[1] // 1000 for e in reference[0] if e[0] == "grad"] == [
+      4, 3, 2, 1, 0]
+  _compare(reference, subject, ("grad", "debug"))  # (grad: ordered)
+
+
 # ---------------------------------------------------------------------------
 # jax.jit against hostcall.jit: a Python loop over a jitted step, then one
 # of JAX's sync points.
@@ -329,7 +374,7 @@ SYNC_POINTS = {
 }
 
 JIT_MIXTURES = [
-    ("debug", "print"),
+    ("debug", "print", "run_log"),
     ("jax_debug", "jax_print"),
     ("io_tap_ordered", "jax_io_ordered", "io_tap"),
     ("io_live_ordered", "io_tap_ordered"),
@@ -366,14 +411,16 @@ def _observe_sync(run, log, sync):
   """``_observe`` where the events are read right after the sync point
   (and the rest after an effects barrier)."""
   log.events.clear()
+  rows = len(log.rows())
   buffer = io.StringIO()
   with contextlib.redirect_stdout(buffer):
     out = run()
     sync(out)
-    at_sync = (list(log.events), buffer.getvalue().splitlines())
+    at_sync = (list(log.events) + log.rows()[rows:],
+               buffer.getvalue().splitlines())
   jax.effects_barrier()
-  return at_sync, (list(log.events), buffer.getvalue().splitlines(),
-                   jax.device_get(out))
+  return at_sync, (list(log.events) + log.rows()[rows:],
+                   buffer.getvalue().splitlines(), jax.device_get(out))
 
 
 @pytest.mark.parametrize("names", JIT_MIXTURES, ids="+".join)
