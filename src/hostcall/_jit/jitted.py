@@ -32,6 +32,7 @@ A program with a host call that cannot be taken out is compiled as
 from __future__ import annotations
 
 import functools
+import os
 import sys
 import warnings
 from typing import Any, Callable
@@ -275,7 +276,7 @@ class Jitted:
           "failure would reach the host after the loop's checks, which "
           "must stop the loop at it. A steered loop alone (a bar, a time "
           "limit, a predicate) takes the fast path; see "
-          "docs/performance.md.", HostcallJitWarning, stacklevel=2)
+          "docs/performance.md.", HostcallJitWarning, stacklevel=_user_stacklevel())
       return None
     if verdict is None and not self._warned:
       self._warned = True
@@ -292,7 +293,7 @@ class Jitted:
           "io_callback without results (and JAX's jax.debug.print, "
           "jax.debug.callback, io_callback whose results are unused) are "
           "taken out; see docs/performance.md.", HostcallJitWarning,
-          stacklevel=2)
+          stacklevel=_user_stacklevel())
     return None
 
   def _traced_queueing(self, keep: bool, args, kwargs):
@@ -346,6 +347,21 @@ class Jitted:
     self._deferring.clear_cache()
     self._queueing.clear_cache()
     self._queueing_kept.clear_cache()
+
+
+# hostcall's own files
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(__file__)) + os.sep
+
+
+def _user_stacklevel() -> int:
+  """The ``stacklevel`` of a warning raised here that points at the user's
+  line (the first frame outside hostcall and JAX), which called the
+  function whose tracing raises it."""
+  frame, level = sys._getframe(1), 1
+  while frame is not None and (frame.f_code.co_filename.startswith(
+      _PACKAGE_DIR) or _jax_private.is_jax_frame(frame)):
+    frame, level = frame.f_back, level + 1
+  return level if frame is not None else 2
 
 
 def _spans_devices(args, kwargs) -> bool:
