@@ -9,8 +9,9 @@ what is checked when traced and when results come back; ``lifting``,
 ``collecting``: a loop body's taps gathered instead of staged;
 ``control_flow``: calls kept where they were written under ``grad`` and
 ``linearize`` of loops, and ``vmap`` of a ``while`` whose condition calls
-the host; ``gating``: ``vmap`` of a ``cond``, calls only for the lanes
-that took their branch; ``rewriting``: a jaxpr evaluated again with some
+the host; ``gating``: ``vmap`` of a ``cond`` (calls only for the lanes
+that took their branch) and of a ``while_loop`` whose predicate is batched
+(calls in the body only for the lanes still looping); ``rewriting``: a jaxpr evaluated again with some
 equations rewritten. What runs the calls (lowering, eager evaluation, the
 run path, errors, barriers, the queue, the native extension) is
 ``hostcall._runtime``.
