@@ -22,8 +22,9 @@ import hostcall
 from hostcall import host_callback as hcb
 from tests.helpers import run_python
 
-QUEUES = pytest.mark.parametrize("native", ["1", "0"], ids=["native",
-                                                            "python"])
+# HOSTCALL_NATIVE=0: the same native queue, reached through JAX's callbacks.
+QUEUES = pytest.mark.parametrize("native", ["1", "0"], ids=["ffi",
+                                                            "jax_callbacks"])
 
 # Prepended to each child's code: ``sizes()``, the length of every container
 # the package holds (module globals, and the attributes of its objects, three

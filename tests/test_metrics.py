@@ -274,7 +274,8 @@ def test_bad_input_is_explained(tmp_path):
     metrics.read(tmp_path / "missing")
 
 
-@pytest.mark.parametrize("native", ["1", "0"], ids=["native", "python"])
+@pytest.mark.parametrize("native", ["1", "0"],
+                         ids=["ffi", "jax_callbacks"])  # HOSTCALL_NATIVE
 def test_rows_are_written_at_exit(tmp_path, native):
   script = textwrap.dedent(f"""
       import jax, jax.numpy as jnp, hostcall

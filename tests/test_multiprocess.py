@@ -207,11 +207,11 @@ ASYNC_FAULTS = pathlib.Path(__file__).parent / "multiprocess" / (
     "async_faults.py")
 
 
-def _launch_async_faults(tmp_path, mode, queue0="native"):
+def _launch_async_faults(tmp_path, mode, queue0="ffi"):
   """Both processes of async_faults.py, process 0 queueing by ``queue0``'s
-  route (``native``: the FFI handler; else JAX's callbacks), process 1 by
+  route (``ffi``: the FFI handler; else JAX's callbacks), process 1 by
   the other."""
-  native = ["1", "0"] if queue0 == "native" else ["0", "1"]
+  native = ["1", "0"] if queue0 == "ffi" else ["0", "1"]
   return _launch_pair(ASYNC_FAULTS, [mode, str(tmp_path)],
                       [{"HOSTCALL_NATIVE": n} for n in native])
 
@@ -246,7 +246,7 @@ def test_an_asynchronous_tap_raising_in_one_process_is_reported_there(
         assert run["barrier"] == "nothing"  # the peer's failure is not its
 
 
-@pytest.mark.parametrize("survivor_queue", ["native", "python"])
+@pytest.mark.parametrize("survivor_queue", ["ffi", "jax_callbacks"])
 def test_a_process_killed_mid_loop_ends_its_tapping_peer(tmp_path,
                                                          survivor_queue):
   procs, outputs = _launch_async_faults(tmp_path, "kill", survivor_queue)

@@ -2,7 +2,9 @@
 // makes between chunks of steps, "stop now?", answered from host state in
 // about a microsecond, without Python and without making the device wait
 // for the host. A library of its own (native.py), which calls nothing of
-// the asynchronous queue's; states.py has the same rules in Python.
+// the asynchronous queue's; states.py is its Python interface (no Python
+// twin: a platform without this FFI handler polls the same states through
+// a Python callback).
 //
 // The host sets that state: a time limit (checked here against the clock),
 // a request from a host predicate (hostcall_control_request), or Ctrl-C: a
