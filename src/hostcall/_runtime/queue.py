@@ -74,9 +74,8 @@ class _MainThreadLoad:
   of the delivery thread with a hand-off of the GIL, so that trips are
   spaced by the whole window. One that waits (for a program's outputs, a
   barrier) pays nothing, and whatever is delivered while the program still
-  runs is not left for the barrier after it: a 15 ms loop logging 2000
-  rows and a bar's ticks ended 1.10x XLA's floor with trips 10 ms apart,
-  1.06x with trips 2 ms apart (issue 42)."""
+  runs is not left for the barrier after it (docs/performance.md, "The
+  gather window": what each window costs)."""
 
   BUSY = 0.25  # of the time gone by, on the main thread's core
 
@@ -437,11 +436,9 @@ def set_gather_window(seconds: float | None) -> None:
 
   Once a tap is queued, hostcall's delivery thread waits up to this long
   for others to join it, then delivers them all in one trip. Every trip
-  wakes a thread, which costs the device time (on a small machine, up to
-  50 µs of its core each: a progress bar ticking every 70 µs ran 1.2x
-  slower with trips every 0.3 ms than with trips every 5 ms, and a
-  ``hostcall.jit`` step logging 10 metrics 1.55x its plain time with trips
-  every 10 ms against 1.62x every 5 ms). The window never delays what
+  wakes a thread, which costs the device time (on a small machine, a
+  share of its core: docs/performance.md, "The gather window", has the
+  measurements). The window never delays what
   someone waits for: ``hostcall.barrier()``, a full queue, a batch of 4096
   taps, a quarter of the queue's bytes, and steered
   loops with a ``stop_when`` predicate end it at once. Synchronous taps
