@@ -73,6 +73,21 @@ def test_lowering_helpers():
   assert "custom_call" in lowered
 
 
+def test_register_lowering_and_ir_constant_are_jaxs_mlir_helpers():
+  # What _jit/threaded.py (register_lowering) and _apps/control/check.py
+  # (ir_constant) use, imported from here rather than jax.interpreters.mlir.
+  from jax.extend.core import Primitive
+  mlir = jax.interpreters.mlir
+  assert _jax_private.register_lowering is mlir.register_lowering
+  assert _jax_private.ir_constant is mlir.ir_constant
+  probe = Primitive("hostcall_test_ir_constant")
+  probe.def_abstract_eval(
+      lambda x: _jax_private.ShapedArray((), jnp.int32))
+  _jax_private.register_lowering(
+      probe, lambda ctx, x: [_jax_private.ir_constant(np.int32(7))])
+  assert int(jax.jit(probe.bind)(1.0)) == 7
+
+
 def test_emit_python_callback_takes_what_hostcall_passes():
   params = _params(jax.interpreters.mlir.emit_python_callback)
   for name in ("ctx", "callback", "token", "operands", "operand_avals",

@@ -30,7 +30,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.extend import core as jex_core
-from jax.interpreters import mlir
 
 from hostcall import _jax_private
 from hostcall._runtime import call_sites, enqueue, lowering
@@ -169,12 +168,12 @@ order_end_p = jex_core.Primitive("hostcall_order_end")
 order_end_p.multiple_results = True
 order_end_p.def_abstract_eval(lambda order: [])
 order_end_p.def_impl(lambda order: [])
-mlir.register_lowering(order_end_p, lambda ctx, order: [])
+_jax_private.register_lowering(order_end_p, lambda ctx, order: [])
 _jax_private.keep_when_unused(order_end_p)
 
 hostcall_threaded_p.def_abstract_eval(_abstract_eval)
 hostcall_threaded_p.def_impl(_impl)
-mlir.register_lowering(hostcall_threaded_p, _lower)
+_jax_private.register_lowering(hostcall_threaded_p, _lower)
 _jax_private.keep_when_unused(hostcall_threaded_p)
 # Each call is told its device: the lowering needs the program's devices
 # (on several, the one a call was committed to).
@@ -182,6 +181,6 @@ _jax_private.require_devices_during_lowering(hostcall_threaded_p)
 
 hostcall_threaded_live_p.def_abstract_eval(_abstract_eval_live)
 hostcall_threaded_live_p.def_impl(_impl)
-mlir.register_lowering(hostcall_threaded_live_p, _lower_live)
+_jax_private.register_lowering(hostcall_threaded_live_p, _lower_live)
 _jax_private.keep_when_unused(hostcall_threaded_live_p)
 _jax_private.require_devices_during_lowering(hostcall_threaded_live_p)

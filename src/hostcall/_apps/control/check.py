@@ -10,7 +10,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.extend import core as jex_core
-from jax.interpreters import mlir
 
 from hostcall import _jax_private
 from hostcall._apps.control.host import controls
@@ -95,7 +94,7 @@ def _finish_lowering(ctx, handle, reason):
         "hostcall_control_finish", has_side_effect=True)(
             ctx, handle, reason).results
   # (No handler: the host's finish always runs, as it does under jax.jit.)
-  return [mlir.ir_constant(np.int32(1))]
+  return [_jax_private.ir_constant(np.int32(1))]
 
 
 def _abstract_eval(handle, index, after):
