@@ -182,3 +182,34 @@ def test_the_test_import_check_catches_one(tmp_path):
   path = tmp_path / "test_x.py"
   path.write_text("from tests.test_async import wait_for\n")
   assert _test_module_imports(path) == ["tests.test_async"]
+
+
+def _defaulted_getattrs(path: pathlib.Path, names: set) -> list[str]:
+  """``getattr(target, "name", default)`` calls in ``path`` (on an object
+  its code calls a target) whose name is one of ``names``."""
+  found = []
+  for node in ast.walk(ast.parse(path.read_text())):
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+        and node.func.id == "getattr" and len(node.args) == 3
+        and "target" in ast.unparse(node.args[0])
+        and isinstance(node.args[1], ast.Constant)
+        and node.args[1].value in names):
+      found.append(f"{path.name}:{node.lineno} {node.args[1].value}")
+  return found
+
+
+def test_no_target_attribute_is_read_with_a_default():
+  # Every attribute a target is asked for is declared on HostTarget, with
+  # its default there: a getattr with a default would hide a misspelt or
+  # undeclared one.
+  from hostcall._core.targets import HostTarget
+  names = {n for n in dir(HostTarget) if not n.startswith("__")}
+  assert not [hit for path in SRC.rglob("*.py")
+              for hit in _defaulted_getattrs(path, names)]
+
+
+def test_the_target_getattr_check_catches_one(tmp_path):
+  path = tmp_path / "x.py"
+  path.write_text('on = getattr(eqn.params["target"], "loop_event", False)\n'
+                  'off = getattr(self.fn, "loop_event", None)\n')
+  assert _defaulted_getattrs(path, {"loop_event"}) == ["x.py:1 loop_event"]

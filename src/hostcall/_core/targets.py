@@ -116,6 +116,11 @@ class HostTarget(KeyedFields):
   #: while other calls of the program are still queued.
   live_without_effect: bool = False
 
+  #: Whether the call is one of a chunked loop's own events (its open,
+  #: ticks, pace, finish), not a call its body makes: ``hostcall.jit``
+  #: queues a steered loop's events beside a body that makes no call.
+  loop_event: bool = False
+
   #: For such a call without results: ``ask_first(*operands)``, staged
   #: before it, a traced int32 that says whether the host function must
   #: still run (not 0); it then runs only then (a steered loop's finish:

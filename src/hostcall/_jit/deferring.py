@@ -65,10 +65,9 @@ def _deferrable_call(eqn, queued: bool = False) -> bool:
     return False
   answers = params["kind"] == "call" and params["result_avals"]
   if queued:
-    return (getattr(target, "queueable", False)
-            and (not answers
-                 or getattr(target, "queued_answer", None) is not None))
-  return not answers and getattr(target, "deferrable", False)
+    return target.queueable and (not answers
+                                 or target.queued_answer is not None)
+  return not answers and target.deferrable
 
 
 def runs_live(eqn) -> bool:
@@ -76,9 +75,8 @@ def runs_live(eqn) -> bool:
   without a JAX effect (``HostTarget.live_without_effect``: a steered
   loop's), where it runs on one device."""
   target = eqn.params.get("target")
-  return (eqn.primitive is hostcall_p
-          and getattr(target, "live_without_effect", False)
-          and not getattr(target, "queueable", False))
+  return (eqn.primitive is hostcall_p and target.live_without_effect
+          and not target.queueable)
 
 
 def is_loop_body_call(eqn) -> bool:
@@ -87,7 +85,7 @@ def is_loop_body_call(eqn) -> bool:
   program stays as ``jax.jit`` has it: a queued call's failure would reach
   the host after the loop's checks, which must stop the loop at it."""
   return (eqn.primitive is hostcall_p and not runs_live(eqn)
-          and not getattr(eqn.params["target"], "loop_event", False))
+          and not eqn.params["target"].loop_event)
 
 
 def _runs_live_without_effect(eqn, queued: bool) -> bool:
