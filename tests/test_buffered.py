@@ -42,13 +42,13 @@ def test_same_taps_same_order_same_results_as_lax_scan(recorder, steps,
 
 def test_host_calls_are_one_per_chunk():
   flushes = []
-  original = hostcall._apps.scan.FlushTarget.deliver
+  original = hostcall._apps.loops.buffering.FlushTarget.deliver
 
   def counting(self, flat_args, context):
     flushes.append(int(flat_args[-1]))
     return original(self, flat_args, context)
 
-  hostcall._apps.scan.FlushTarget.deliver = counting
+  hostcall._apps.loops.buffering.FlushTarget.deliver = counting
   try:
     seen = []
     jax.jit(lambda: hostcall.scan(lambda c, _: (hcb.id_tap(
@@ -56,7 +56,7 @@ def test_host_calls_are_one_per_chunk():
         length=10, every=4))()
     hostcall.barrier()
   finally:
-    hostcall._apps.scan.FlushTarget.deliver = original
+    hostcall._apps.loops.buffering.FlushTarget.deliver = original
   assert flushes == [4, 4, 2]
   assert seen == list(range(10))
 

@@ -44,7 +44,8 @@ from jax.experimental import io_callback as jax_io_callback
 
 import hostcall
 from hostcall import host_callback as hcb
-from hostcall._apps import bar_events, loops as loops_module
+from hostcall._apps.loops import (events as loop_events,
+                                  invocations as loops_module)
 
 N = 3  # steps of every loop
 CKPT_POLICIES = {
@@ -300,7 +301,7 @@ def argument(composition):
 class _BarSpy:
   """Records the bar registry's open/close calls (still made) and every
   tick the host receives, in order: a run of ticks the queue hands over at
-  once is drawn at its last (``bar_events._Tick.deliver_steps``), but each
+  once is drawn at its last (``loops/events.py``: ``_Tick.deliver_steps``), but each
   tick the program made is recorded."""
 
   def __init__(self, log):
@@ -318,7 +319,7 @@ class _BarSpy:
         self.log.events.append(f"{_event}{count}")
         return _original(*args, **kwargs)
       setattr(registry, method, record)
-    tick = bar_events._Tick
+    tick = loop_events._Tick
     self.tick_methods = (tick.deliver, tick.deliver_steps)
     events = self.log.events
 
@@ -327,7 +328,7 @@ class _BarSpy:
       return self.tick_methods[0](target, flat_args, context)
 
     def deliver_steps(target, stacked, steps, context):
-      counts = bar_events._per_call(stacked[1], steps, context)
+      counts = loop_events._per_call(stacked[1], steps, context)
       events.extend(f"t{loops_module.last_count(c)}" for c in counts)
       return self.tick_methods[1](target, stacked, steps, context)
     tick.deliver, tick.deliver_steps = deliver, deliver_steps
@@ -339,7 +340,7 @@ class _BarSpy:
     # from a later spy set on the class).
     for method in self.saved:
       delattr(loops_module.invocations, method)
-    bar_events._Tick.deliver, bar_events._Tick.deliver_steps = (
+    loop_events._Tick.deliver, loop_events._Tick.deliver_steps = (
         self.tick_methods)
 
 

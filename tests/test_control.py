@@ -19,7 +19,7 @@ import pytest
 
 import hostcall
 from hostcall import control
-from hostcall._apps import loops as loops_module
+from hostcall._apps.loops import invocations as loops_module
 
 ROOT = pathlib.Path(__file__).parent.parent
 
@@ -356,16 +356,16 @@ def test_a_steered_loop_ends_on_the_device_and_ctrl_c_is_pythons_again(
   # to raise). Either way the loop takes no more Ctrl-C once the call
   # returns, before its bar's close (queued: left gathering here) is
   # delivered.
-  from hostcall._apps import bar_events
+  from hostcall._apps.loops import events as loop_events
   from hostcall._apps.control import controls
   window(3600.0)
   seen = []
   finish = controls.finish
   monkeypatch.setattr(controls, "finish",
                       lambda h, r: seen.append(int(r)) or finish(h, r))
-  ask_first = bar_events._Finish.ask_first
+  ask_first = loop_events._Finish.ask_first
   monkeypatch.setattr(
-      bar_events._Finish, "ask_first",
+      loop_events._Finish, "ask_first",
       lambda self, h, r: jnp.maximum(ask_first(self, h, r), int(asked)))
   out = io.StringIO()
   result = jit(lambda x: hostcall.progress.while_loop(
@@ -406,7 +406,7 @@ def test_control_while_loop_makes_no_bar_and_nests_bars_as_a_loop():
   # Its invocations have a site without a bar spec: the drawing listener
   # makes no bar for them (not even a disabled one). A bar traced in its
   # body is nested, as in any other chunked loop.
-  from hostcall._apps import bars as bars_module
+  from hostcall._apps.progress import bars as bars_module
   before = set(bars_module.bars._bars)
   out = io.StringIO()
 

@@ -247,7 +247,7 @@ def test_a_closed_memory_run_is_released_with_its_executables(native):
 
 
 _STEERED_LOOPS = """
-      hostcall._apps.bars.Bars.KEPT_BARS = 16  # reached within the warm-up
+      hostcall._apps.progress.bars.Bars.KEPT_BARS = 16  # reached within the warm-up
       checks = []
       loops = [
           jax.jit(lambda x: hostcall.control.while_loop(

@@ -1339,15 +1339,15 @@ def test_a_paced_bars_pace_reads_its_own_loop(mode):
   # A bar's open is queued (it answers "the latest loop"): the pace that
   # sizes a while_loop's chunks must then wait for the queue too, not run
   # live before the open reached the host (it read the loop before).
-  from hostcall._apps import loops
+  from hostcall._apps.loops import invocations as loops_module
   seen = []
-  pace = loops.invocations.pace
+  pace = loops_module.invocations.pace
 
   def recording(handle, device):
     seen.append(handle)
     return pace(handle, device)
 
-  loops.invocations.pace = recording
+  loops_module.invocations.pace = recording
   try:
     loop = hostcall.jit(lambda x: hostcall.progress.while_loop(
         lambda c: c < 50, lambda c: c + 1, x, disable=True))
@@ -1355,10 +1355,10 @@ def test_a_paced_bars_pace_reads_its_own_loop(mode):
       assert int(loop(jnp.int32(0))) == 50
       hostcall.barrier()
   finally:
-    loops.invocations.pace = pace
+    loops_module.invocations.pace = pace
   assert seen and -1 not in seen
-  assert not loops.invocations._paces
-  assert None not in loops.invocations._group_paces
+  assert not loops_module.invocations._paces
+  assert None not in loops_module.invocations._group_paces
 
 
 def test_jaxs_callbacks_beside_hostcalls_are_taken_out_too(mode, capfd,

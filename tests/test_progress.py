@@ -10,8 +10,9 @@ import pytest
 
 import hostcall
 from hostcall import progress
-from hostcall._apps import (bar_options, bars as bars_module,
-                            loops as loops_module)
+from hostcall._apps.loops import invocations as loops_module
+from hostcall._apps.progress import (bars as bars_module,
+                                     options as options_module)
 
 
 def _renders(stream: io.StringIO, desc: str) -> list[str]:
@@ -57,10 +58,10 @@ def received_ticks(monkeypatch):
   """The count of every tick the host receives, in order: a run of ticks
   the queue hands over at once (``_Tick.deliver_steps``) is drawn at its
   last, but each is recorded here."""
-  from hostcall._apps import bar_events
+  from hostcall._apps.loops import events as loop_events
   seen = []
-  deliver, deliver_steps = (bar_events._Tick.deliver,
-                            bar_events._Tick.deliver_steps)
+  deliver, deliver_steps = (loop_events._Tick.deliver,
+                            loop_events._Tick.deliver_steps)
 
   def one(target, flat_args, context):
     seen.append(loops_module.last_count(flat_args[1]))
@@ -68,10 +69,10 @@ def received_ticks(monkeypatch):
 
   def run(target, stacked, steps, context):
     seen.extend(loops_module.last_count(c) for c in
-                bar_events._per_call(stacked[1], steps, context))
+                loop_events._per_call(stacked[1], steps, context))
     return deliver_steps(target, stacked, steps, context)
-  monkeypatch.setattr(bar_events._Tick, "deliver", one)
-  monkeypatch.setattr(bar_events._Tick, "deliver_steps", run)
+  monkeypatch.setattr(loop_events._Tick, "deliver", one)
+  monkeypatch.setattr(loop_events._Tick, "deliver_steps", run)
   return seen
 
 
@@ -209,7 +210,7 @@ def test_while_loop_pace_doubles_until_a_tenth_of_a_second(monkeypatch):
   clock = [0.0]
   monkeypatch.setattr(loops_module.time, "monotonic", lambda: clock[0])
   bars = loops_module.Invocations()
-  spec = bar_options.spec("p", None, "step", None, io.StringIO(), False, {},
+  spec = options_module.spec("p", None, "step", None, io.StringIO(), False, {},
                           position=0)
   site = bars.site(spec)
   bars.open(site, "dev", None)
@@ -356,7 +357,7 @@ def test_other_processes_draw_nothing_by_default():
   bars = loops_module.Invocations()
   bars.listen(bars_module.Bars())
   out = io.StringIO()
-  site = bars.site(bar_options.spec("p1", 5, "step", None, out, False, {},
+  site = bars.site(options_module.spec("p1", 5, "step", None, out, False, {},
                                     position=0))
 
   class Remote:
@@ -527,7 +528,7 @@ def test_every_device_of_an_invocation_gets_the_same_paces(monkeypatch):
   now = [0.0]
   monkeypatch.setattr(loops_module.time, "monotonic", lambda: now[0])
   bars = loops_module.Invocations()
-  site = bars.site(bar_options.spec("p", None, "step", None, io.StringIO(),
+  site = bars.site(options_module.spec("p", None, "step", None, io.StringIO(),
                                     False, {"disable": True}, position=0))
   a, b = bars.open(site, "A", None), bars.open(site, "B", None)
   paces_a, paces_b = [], []
@@ -558,7 +559,7 @@ def test_a_barrier_does_not_release_an_invocation_another_device_runs(
     def on_release(self, group):
       released.append(group)
   bars.listen(Releases())
-  site = bars.site(bar_options.spec("p", None, "step", None, io.StringIO(),
+  site = bars.site(options_module.spec("p", None, "step", None, io.StringIO(),
                                     False, {"disable": True}, position=0))
   a = bars.open(site, "A", None)
   first = bars.pace(a, "A")
@@ -599,7 +600,7 @@ def test_a_steered_loop_that_stops_closes_its_bar_marked_stopped(loop):
 def test_a_stopped_counter_in_a_notebook_is_not_painted_a_success():
   # tqdm.notebook paints a bar that closes short of its total "danger", any
   # other (a counter without a total) "success".
-  from hostcall._apps import bars as bars_module
+  from hostcall._apps.progress import bars as bars_module
   painted = []
 
   from tqdm.notebook import tqdm as notebook_tqdm
@@ -736,7 +737,7 @@ def test_a_run_of_queued_ticks_draws_each_invocations_last(calls,
   # count (the ticks of steered loops, whose opens are not queued, carry
   # their invocation's handle, and two threads running the same program
   # interleave them); an invocation whose predicate reads ticks sees each.
-  from hostcall._apps import bar_events
+  from hostcall._apps.loops import events as loop_events
   from hostcall._apps import control as control_module
   ticks = calls("tick", 2)
   handles = calls("tick", 0)
@@ -746,7 +747,7 @@ def test_a_run_of_queued_ticks_draws_each_invocations_last(calls,
   monkeypatch.setattr(control_module.controls, "after_tick",
                       lambda handle, steps, device: after.append(
                           (handle, steps)))
-  tick = bar_events._Tick(site=loops_module.invocations.site(
+  tick = loop_events._Tick(site=loops_module.invocations.site(
       loops_module.Undrawn(position=0, interruptible=False)))
   stacked = [np.array([5, 5, 7, 5, 5, 9, 9], np.int32),  # handles
              np.array([10, 20, 10, 30, 40, 1, 2], np.int32),  # counts
@@ -759,11 +760,11 @@ def test_a_run_of_queued_ticks_draws_each_invocations_last(calls,
 
 def test_a_run_of_vmapped_ticks_reports_the_furthest_lane_and_running(
     monkeypatch):
-  from hostcall._apps import bar_events
+  from hostcall._apps.loops import events as loop_events
   seen = []
   monkeypatch.setattr(loops_module.invocations, "tick",
                       lambda *args: seen.append(args))
-  tick = bar_events._Tick(site=loops_module.invocations.site(
+  tick = loop_events._Tick(site=loops_module.invocations.site(
       loops_module.Undrawn(position=0, interruptible=False)))
   # Three lanes (the batch axis first), two ticks, a while loop's running
   # lanes.
@@ -961,7 +962,7 @@ def test_the_guard_can_tell_whether_this_thread_holds_tqdms_locks():
 
   import tqdm
 
-  from hostcall._apps import tqdm_guard
+  from hostcall._apps.progress import tqdm_guard
   locks = tqdm.tqdm.get_lock().locks
   assert {type(lock) for lock in locks} >= {type(threading.RLock())}
   for lock in [*locks, threading.RLock(), multiprocessing.RLock()]:
@@ -1041,7 +1042,7 @@ def test_a_notebooks_bar_class_is_told_by_its_base():
   import tqdm
   from tqdm.notebook import tqdm as notebook_tqdm
 
-  from hostcall._apps import tqdm_guard
+  from hostcall._apps.progress import tqdm_guard
 
   class AutoNotebook(notebook_tqdm):
     pass

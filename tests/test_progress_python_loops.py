@@ -12,8 +12,8 @@ import tqdm as tqdm_module
 
 import hostcall
 from hostcall import progress
-from hostcall._apps import (bars as bars_module, loops as loops_module,
-                            tqdm_guard)
+from hostcall._apps.loops import invocations as loops_module
+from hostcall._apps.progress import bars as bars_module, tqdm_guard
 
 
 def _screen(text: str) -> list[str]:

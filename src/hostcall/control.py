@@ -13,7 +13,8 @@ The progress loops (``hostcall.progress.scan`` / ``fori_loop`` /
 
 from hostcall._apps.control import (INTERRUPTED, STOP_WHEN, TIME_LIMIT,
                                     LoopStatus, Result, reason_name)
-from hostcall._apps.steering import plateau, while_loop
+from hostcall._apps.control.plateau import plateau
+from hostcall._apps.control.while_loop import while_loop
 
 __all__ = ["INTERRUPTED", "LoopStatus", "Result", "STOP_WHEN", "TIME_LIMIT",
            "plateau", "reason_name", "while_loop"]

@@ -24,9 +24,9 @@ for i in (bar := hostcall.progress.trange(steps)):
 ```
 """
 
-from hostcall._apps.progress import (close_all, fori_loop, scan, track,
+from hostcall._apps.progress.compiled import (close_all, fori_loop, scan, track,
                                      while_loop)
-from hostcall._apps.python_bars import tqdm, trange
+from hostcall._apps.progress.python_loops import tqdm, trange
 
 __all__ = ["close_all", "fori_loop", "scan", "tqdm", "track", "trange",
            "while_loop"]

@@ -11,7 +11,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import hostcall
 from hostcall import metrics, progress
-from hostcall._apps import bars as bars_module
+from hostcall._apps.progress import bars as bars_module
 
 assert jax.device_count() == 4, "run with --xla_force_host_platform_device_count=4"
 

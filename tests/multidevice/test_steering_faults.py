@@ -147,11 +147,11 @@ def test_a_global_view_finish_after_the_loop_closed_raises_the_failure(
   # A global view's loop is opened and closed by one device, and finished
   # on every device: here the other devices finish only once the close was
   # delivered (the invocation released), as a busy machine may order them.
-  from hostcall._apps import bar_events
+  from hostcall._apps.loops import events as loop_events
   from hostcall._apps.control import host as control_host
   released, waited = threading.Event(), []
   real_release, real_deliver = (control_host.controls.release,
-                                bar_events._Finish.deliver)
+                                loop_events._Finish.deliver)
 
   def release(group_key):
     real_release(group_key)
@@ -163,7 +163,7 @@ def test_a_global_view_finish_after_the_loop_closed_raises_the_failure(
     return real_deliver(self, flat_args, context)
 
   monkeypatch.setattr(control_host.controls, "release", release)
-  monkeypatch.setattr(bar_events._Finish, "deliver", deliver)
+  monkeypatch.setattr(loop_events._Finish, "deliver", deliver)
   mesh = Mesh(np.array(jax.devices()), ("d",))
   x = jax.device_put(jnp.arange(8.0), NamedSharding(mesh, P("d")))
   host = Host(failing_device=0)

@@ -11,7 +11,7 @@ import threading
 import time
 from typing import Any
 
-from hostcall._apps import loops as _loops
+from hostcall._apps.loops import invocations as _loops
 from hostcall._apps.control import states as _states
 from hostcall._apps.control.interrupts import Reaper, frame_waiting_for_the_loop
 from hostcall._apps.control.spec import FAILED, STOP_WHEN, LoopStatus, Stop

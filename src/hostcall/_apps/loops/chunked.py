@@ -2,9 +2,9 @@
 close, around the loop's chunks.
 
 A progress loop and a steered loop are one thing on the device: the loop
-opens an invocation (``bar_events.open_bar``: the host's registry,
-``loops.py``, gives it a handle), runs as chunks of steps
-(``scan.chunked_scan``, or ``scan.chunked_while``, whose chunk size the
+opens an invocation (``events.open_bar``: the host's registry,
+``invocations.py``, gives it a handle), runs as chunks of steps
+(``chunks.chunked_scan``, or ``chunks.chunked_while``, whose chunk size the
 host may pace), ticks after each chunk where something on the host follows the
 ticks (a bar, a ``stop_when`` predicate), asks the stop check after each
 chunk where it is steered (``stop``), and closes the invocation after its
@@ -19,8 +19,8 @@ import contextlib
 import threading
 from typing import Any, Callable
 
-from hostcall._apps import (bar_events as _events, control as _control,
-                            scan as _scan)
+from hostcall._apps import control as _control
+from hostcall._apps.loops import chunks as _chunks, events as _events
 from hostcall._core import bind
 
 #: The most steps a chunk or a bar counts (int32 on the device).
@@ -57,7 +57,7 @@ FLUSH_STEPS = 256
 def scan_loop(site: int, stop, ticks: bool, f: Callable, init, xs, length,
               reverse, unroll, every: int, steps: int) -> Any:
   """``lax.scan`` of ``f`` (a ``(carry, x) -> (carry, y)`` body) as one
-  invocation of ``site``, of ``steps`` steps (``scan.scan_length``'s), in
+  invocation of ``site``, of ``steps`` steps (``chunks.scan_length``'s), in
   chunks of ``every``: ``ticks`` after each chunk, ``stop`` (a
   ``control.Stop``, or None) checked after each. Returns ``(carry, ys)``,
   or a ``control.Result`` of it where steered."""
@@ -69,7 +69,7 @@ def scan_loop(site: int, stop, ticks: bool, f: Callable, init, xs, length,
     return (count + 1, carry), y
 
   handle, count = _events.open_bar(site, steps, stop)
-  out = _scan.chunked_scan(
+  out = _chunks.chunked_scan(
       body, (count, init), xs, length=length, reverse=reverse,
       unroll=unroll, every=every,
       after_chunk=None if not ticks else
@@ -105,7 +105,7 @@ def while_loop(site: int, stop, ticks: bool, cond_fun: Callable,
     with nested():
       return body_fun(carry)
 
-  count, carry, reason = _scan.chunked_while(
+  count, carry, reason = _chunks.chunked_while(
       cond_fun, body, init_val, count, steps=steps,
       after_chunk=None if not ticks else
       lambda count, carry: _events.tick(site, handle, count, carry,

@@ -1,7 +1,7 @@
 """A progress bar's events on the device side: the host calls a wrapped
 loop makes, and the targets that deliver them to the loops' registry
-(``loops.py``), which tells its listeners (``bars.py``'s bars,
-``control``'s host side).
+(``invocations.py``), which tells its listeners (``progress/bars.py``'s
+bars, ``control``'s host side).
 
 A loop sends *open* before its first step (a call: it returns the
 invocation's handle, which the loop's other events carry), a *tick* with the
@@ -21,7 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from hostcall import _jax_private
-from hostcall._apps import control as _control, loops as _loops
+from hostcall._apps import control as _control
+from hostcall._apps.loops import invocations as _loops
 from hostcall._core import CallTarget, PostponingTarget, bind, target
 from hostcall._core.context import delivering_asynchronously
 

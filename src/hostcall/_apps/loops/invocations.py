@@ -2,7 +2,7 @@
 their invocations, which its listeners follow.
 
 A chunked loop (a progress loop, a steered loop, a body decorated by
-``track``) sends its events from the device (``bar_events.py``): *open*
+``track``) sends its events from the device (``events.py``): *open*
 before its first step, a *tick* with the step count after each chunk of
 steps, *close* after its last step, and, for a ``while_loop`` the host
 paces, *pace* (how many steps to run before its next tick). Every device
@@ -11,11 +11,11 @@ that runs the loop sends its own; the k-th invocation of a loop (its
 the devices of one invocation, its *group* ``(site, k)``, share a pace, a
 bar and a stop decision.
 
-``Invocations`` keeps them (handles, groups, paces) and tells its
-listeners, which register with ``listen``: a progress bar (``bars.Bars``:
-tqdm's drawing) and a steered loop's host side (``control.controls``). A
-loop that no bar draws (``hostcall.control.while_loop``) has a site whose
-spec is ``Undrawn``, which no drawing listener draws.
+``Invocations`` keeps them (handles, groups, paces) and tells its listeners,
+which register with ``listen``: a progress bar (``progress.bars.Bars``: tqdm's
+drawing) and a steered loop's host side (``control.controls``). A loop that no
+bar draws (``hostcall.control.while_loop``) has a site whose spec is
+``Undrawn``, which no drawing listener draws.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ class Invocation:
 
   Attributes:
     handle: the number the loop's events carry.
-    site: the loop's site; ``spec`` its spec (a ``bars.BarSpec``, or
+    site: the loop's site; ``spec`` its spec (a ``progress.bars.BarSpec``, or
       ``Undrawn`` for a loop no bar draws).
     device: the device that runs it.
     group: ``(site, k)``: the invocation, shared by every device running it.
@@ -245,7 +245,7 @@ class Invocations:
 
   def latest(self, site: int, device) -> int:
     """The handle of this device's latest invocation of ``site`` (the one
-    a queued event of the site belongs to: see ``bar_events.LATEST``)."""
+    a queued event of the site belongs to: see ``events.LATEST``)."""
     with self._lock:
       return self._latest.get((site, device), -1)
 

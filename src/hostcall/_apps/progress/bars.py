@@ -1,8 +1,8 @@
 """The host side of progress bars: one tqdm bar per loop invocation.
 
-``Bars`` listens to the loops' invocations (``loops.invocations``: the
-open, ticks and close each device running a loop sends, see
-``bar_events.py``) and draws one bar per invocation whose site has a
+``Bars`` listens to the loops' invocations (``loops.invocations``'s
+registry: the open, ticks and close each device running a loop sends, see
+``loops/events.py``) and draws one bar per invocation whose site has a
 ``BarSpec``, merged over the devices that run it: the k-th invocation of a
 loop on one device is the k-th invocation on every other device, so the bar
 of an invocation is keyed by its group ``(site, k)``. It follows the
@@ -16,7 +16,8 @@ import dataclasses
 import time
 from typing import Any
 
-from hostcall._apps import loops as _loops, tqdm_guard
+from hostcall._apps.loops import invocations as _loops
+from hostcall._apps.progress import tqdm_guard
 
 #: Seconds between two redraws of a bar, at most (a while_loop's pace aims
 #: for a tick as often).
@@ -162,9 +163,9 @@ class _Bar:
 
 class Bars(_loops.Listener):
   """Every progress bar of this process: the drawing listener of the loops'
-  invocations (``loops.invocations``), one bar per invocation of a loop
-  whose site has a ``BarSpec``, merged over the devices that run it. Its
-  methods run under the registry's lock."""
+  invocations (``loops.invocations.invocations``), one bar per invocation of
+  a loop whose site has a ``BarSpec``, merged over the devices that run it.
+  Its methods run under the registry's lock."""
 
   #: Bars kept findable after their invocation, for devices that open them
   #: late (the newest; older ones are forgotten, so that it stays flat over

@@ -1,17 +1,17 @@
 """Progress bars for compiled loops: the loops.
 
-A wrapped loop is a chunked loop (``chunked.py``) whose site has a bar
-spec: it sends its events (``bar_events.py``): *open* before its first
-step, a *tick* with the step count after each chunk of steps and *close*
-after its last step. ``scan`` and ``fori_loop`` run as
-``hostcall.scan`` chunks of ``every`` steps, so the device makes about a
-hundred host calls a loop whatever its length. ``while_loop`` cannot know
-its length: it runs chunks whose size the host chooses at each tick from the
-rate it measured (about ``loops.TICK_INTERVAL`` seconds of steps), so a slow
-loop ticks every step and a fast one every few thousand. ``track`` decorates
-a body alone: one tick per step, buffered when the body runs inside
-``hostcall.scan``. The bar's options are checked in ``bar_options.py``; the
-host side is ``loops.py``'s registry, which ``bars.py`` listens to.
+A wrapped loop is a chunked loop (``loops/chunked.py``) whose site has a bar
+spec: it sends its events (``loops/events.py``): *open* before its first step,
+a *tick* with the step count after each chunk of steps and *close* after its
+last step. ``scan`` and ``fori_loop`` run as ``hostcall.scan`` chunks of
+``every`` steps, so the device makes about a hundred host calls a loop
+whatever its length. ``while_loop`` cannot know its length: it runs chunks
+whose size the host chooses at each tick from the rate it measured (about
+``invocations.TICK_INTERVAL`` seconds of steps), so a slow loop ticks every
+step and a fast one every few thousand. ``track`` decorates a body alone: one
+tick per step, buffered when the body runs inside ``hostcall.scan``. The bar's
+options are checked in ``options.py``; the host side is
+``loops/invocations.py``'s registry, which ``bars.py`` listens to.
 """
 
 from __future__ import annotations
@@ -23,21 +23,22 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hostcall._apps import (bar_events as _events, bar_options as _bar_options,
-                            chunked as _chunked, control as _control,
-                            loops as _loops, scan as _scan)
+from hostcall._apps import control as _control
+from hostcall._apps.loops import (chunked as _chunked, chunks as _chunks,
+                                  events as _events, invocations as _loops)
+from hostcall._apps.progress import options as _options
 from hostcall._core import bind
 from hostcall._core.checks import check_callable
 
 def _spec(desc, total, unit, leave, file, all_processes, options):
   """The bar of a loop traced here: its row is the loop's nesting depth."""
-  return _bar_options.spec(desc, total, unit, leave, file, all_processes,
+  return _options.spec(desc, total, unit, leave, file, all_processes,
                            options, position=_chunked.depth())
 
 
 def _check_every(every):
   if every is not None:
-    _scan.check_every(every, ", or None for the default")
+    _chunks.check_every(every, ", or None for the default")
 
 
 def scan(f: Callable, init, xs=None, length: int | None = None,
@@ -104,12 +105,12 @@ def scan(f: Callable, init, xs=None, length: int | None = None,
   check_callable(f, "hostcall.progress.scan's body f")
   _check_every(every)
   stop, desc = _steered(interruptible, time_limit, stop_when, desc)
-  steps = _scan.scan_length(xs, length, "hostcall.progress.scan")
+  steps = _chunks.scan_length(xs, length, "hostcall.progress.scan")
   site = _loops.invocations.site(_spec(desc, steps, unit, leave, file,
                                        all_processes, tqdm_options))
   every = every or max(1, -(-int(steps) // 100))
   return _chunked.scan_loop(site, stop, _events.ticks(stop, tqdm_options),
-                            lambda c, x: _scan.step_output(f(c, x)), init,
+                            lambda c, x: _chunks.step_output(f(c, x)), init,
                             xs, length, reverse, unroll, every, steps)
 
 
@@ -312,7 +313,7 @@ def track(body: Callable | None = None, *, total: int | None = None,
     # (or never close it). Where the loop running the body says its length
     # (lax.scan, hostcall.scan and the loops built on them), they must
     # agree.
-    length = _scan.enclosing_loop_length()
+    length = _chunks.enclosing_loop_length()
     if total is not None and length is not None and length != total:
       raise ValueError(
           f"hostcall.progress.track(total={total}) decorates the body of a "

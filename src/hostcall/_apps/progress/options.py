@@ -11,7 +11,7 @@ import numbers
 import numpy as np
 
 from hostcall import _jax_private
-from hostcall._apps import bars as _bars
+from hostcall._apps.progress import bars as _bars
 
 
 def _tqdm_options() -> frozenset:

@@ -23,7 +23,7 @@ from typing import Iterable
 import numpy as np
 
 from hostcall import _jax_private
-from hostcall._apps import tqdm_guard
+from hostcall._apps.progress import tqdm_guard
 from hostcall._runtime.barriers import settle
 from hostcall._core.context import why_waiting_is_forbidden
 

@@ -142,7 +142,7 @@ class Guarded:
 
 
 class _LoopRows:
-  """The rows the open bars of Python loops (``python_bars.tqdm``) take: a
+  """The rows the open bars of Python loops (``python_loops.tqdm``) take: a
   compiled loop's bar opened meanwhile is drawn below them (and, by
   default, erased when done), as tqdm nests a bar opened inside another's
   loop. Thread-safe: bars open here from the delivery thread."""
