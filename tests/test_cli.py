@@ -139,6 +139,19 @@ def test_version_and_help_for_every_option():
     for short, long, rest in options:
       if short not in ("-h",):
         assert rest.strip(), f"{command} {short} has no help text"
+    # Plain text: no reStructuredText backticks from a docstring.
+    assert "`" not in proc.stdout, command
+
+
+def test_info_says_what_needs_an_extra_that_is_missing(monkeypatch, capsys):
+  from hostcall.cli import info
+  monkeypatch.setattr(info, "_version", lambda name: "not installed")
+  assert info.run(None) == 0
+  extras = next(line for line in capsys.readouterr().out.splitlines()
+                if line.startswith("extras: "))
+  assert ("pandas not installed (for hostcall.metrics.read's DataFrame; "
+          "pip install 'hostcall[pandas]')") in extras
+  assert "scipy not installed (for hostcall demo;" in extras
 
 
 @pytest.mark.parametrize("args,words", [

@@ -10,9 +10,18 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
 
 COMMANDS = ("demo", "bench", "plot", "info", "tour")
+
+
+def _description(doc: str) -> str:
+  """A command module's docstring's first paragraph as ``--help`` shows
+  it: plain text (reStructuredText's literal backticks dropped), one
+  paragraph."""
+  paragraph = doc.strip().split("\n\n")[0]
+  return re.sub(r"``([^`]+)``", r"\1", " ".join(paragraph.split()))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
   for name in COMMANDS:
     module = importlib.import_module(f"hostcall.cli.{name}")
     sub = commands.add_parser(name, help=module.HELP,
-                              description=module.__doc__.strip().splitlines()[0])
+                              description=_description(module.__doc__))
     module.add_arguments(sub)
     sub.set_defaults(command_run=module.run, command_parser=sub)
   args = parser.parse_args(argv)

@@ -69,11 +69,29 @@ def run(args) -> int:
   # behind an extra shows here without an edit.
   needed = [d for entry in registry.extras() for d in entry.requires]
   print("extras: " + ", ".join(
-      f"{name} {_version(name)}" for name in dict.fromkeys(
+      _extra(name) for name in dict.fromkeys(
           ["tqdm", "pandas", "matplotlib", "scipy", *needed])))
   print("metrics writers: " + ", ".join(
       _writer(entry) for entry in registry.WRITERS))
   return 0
+
+
+#: What needs each extra that no metrics writer names, and how to add it.
+_NEEDED_BY = {
+    "pandas": "hostcall.metrics.read's DataFrame; pip install 'hostcall[pandas]'",
+    "matplotlib": "hostcall plot and the demo's chart; "
+                  "pip install 'hostcall[plot]'",
+    "scipy": "hostcall demo; pip install 'hostcall[demo]'",
+}
+
+
+def _extra(name: str) -> str:
+  """An extra's version, or that it is not installed, what needs it and
+  how to add it."""
+  version = _version(name)
+  if version == "not installed" and name in _NEEDED_BY:
+    return f"{name} not installed (for {_NEEDED_BY[name]})"
+  return f"{name} {version}"
 
 
 def _writer(entry) -> str:
