@@ -11,14 +11,17 @@ what is checked when traced and when results come back; ``lifting``,
 ``linearize`` of loops, and ``vmap`` of a ``while`` whose condition calls
 the host; ``gating``: ``vmap`` of a ``cond`` (calls only for the lanes
 that took their branch) and of a ``while_loop`` whose predicate is batched
-(calls in the body only for the lanes still looping); ``rewriting``: a jaxpr evaluated again with some
-equations rewritten. What runs the calls (lowering, eager evaluation, the
-run path, errors, barriers, the queue, the native extension) is
-``hostcall._runtime``.
+(calls in the body only for the lanes still looping); ``rewriting``: a
+jaxpr evaluated again with some equations rewritten; ``jax_rules``: every
+rule of JAX's that hostcall replaces, installed there (and only there)
+when hostcall is imported. What runs the calls (lowering, eager
+evaluation, the run path, errors, barriers, the queue, the native
+extension) is ``hostcall._runtime``.
 """
 
 from hostcall._core.context import CallContext, call_context
 from hostcall._core.primitive import bind, hostcall_p
+from hostcall._core import jax_rules  # noqa: F401  (installs JAX's rules)
 from hostcall._core.targets import (CallTarget, HostTarget, PostponingTarget,
                                     target)
 

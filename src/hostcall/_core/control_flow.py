@@ -8,10 +8,13 @@ hoists out of the forward body every equation whose operands are the same
 at every step. A host call with no operands, or with only the loop's
 constants, then ran once instead of once a step (JAX #16637); and an io
 call whose operand is the carry was dropped, since JAX's partial
-evaluation keeps only the effects it was told to. ``install`` keeps both
-in the loop: JAX's io effects are kept through partial evaluation, and a
-body where hoisting would move one of hostcall's calls is left whole
-(JAX's own debug and io callbacks are hoisted as JAX hoists them).
+evaluation keeps only the effects it was told to. ``jax_rules`` installs
+what keeps both in the loop: JAX's io effects are kept through partial
+evaluation, and a body where hoisting would move one of hostcall's calls
+is left whole (``moves_a_call``; JAX's own debug and io callbacks are
+hoisted as JAX hoists them). Under ``linearize``, the loop staged for the
+tangents leaves out the primal calls the known loop made
+(``strip_made_calls``).
 
 The rest of this module is the ``while`` rewrite:
 
@@ -51,9 +54,12 @@ from jax.extend.core import primitives
 
 from hostcall import _jax_private
 from hostcall._core import gating, rewriting
+from hostcall._core.effects import KEPT_IN_LOOPS, ORDERED_HOST_EFFECT_TYPES
+from hostcall._core.primitive import hostcall_p
 
+# JAX's own rule, read before ``jax_rules`` replaces it: every loop this
+# module does not rewrite goes to it.
 _batch_while = _jax_private.fancy_primitive_batchers[primitives.while_p]
-_HOST_EFFECTS: tuple[type, ...] = ()
 
 
 def _spec(aval) -> jax.ShapeDtypeStruct:
@@ -111,11 +117,16 @@ def _predicate_is_batched(axis_data, dims, cond_nconsts, cond_jaxpr,
   return pred_bat
 
 
-def _while_batching_rule(axis_data, args, dims, *, cond_nconsts, cond_jaxpr,
-                         body_nconsts, body_jaxpr):
+def while_batching_rule(axis_data, args, dims, *, cond_nconsts, cond_jaxpr,
+                        body_nconsts, body_jaxpr):
+  """``while``'s batching rule (installed by ``jax_rules``): a condition
+  holding one of hostcall's ordered effects, or a body holding a gatable
+  call, under a batched predicate, is rewritten; every other loop goes to
+  JAX's rule."""
   params = dict(cond_nconsts=cond_nconsts, cond_jaxpr=cond_jaxpr,
                 body_nconsts=body_nconsts, body_jaxpr=body_jaxpr)
-  ordered = any(isinstance(e, _HOST_EFFECTS) for e in cond_jaxpr.effects)
+  ordered = any(isinstance(e, ORDERED_HOST_EFFECT_TYPES)
+                for e in cond_jaxpr.effects)
   gate = gating.while_gate(cond_jaxpr, body_jaxpr)
   if (not (ordered or gate)
       or not _predicate_is_batched(axis_data, dims, **params)):
@@ -155,72 +166,59 @@ def _while_batching_rule(axis_data, args, dims, *, cond_nconsts, cond_jaxpr,
   return outs[1:], out_dims[1:]
 
 
-def install(host_effects: tuple[type, ...],
-            kept_effects: tuple[type, ...], host_primitive) -> None:
-  """Takes over ``while``'s batching rule for conditions holding one of
-  ``host_effects`` (hostcall's ordered effect types); others go to JAX's
-  rule. Keeps every call with one of ``kept_effects`` in its loop's body
-  under ``grad``."""
-  global _HOST_EFFECTS
-  _HOST_EFFECTS = host_effects
-
-  def moves_a_call(closed_jaxpr, n_consts: int) -> bool:
-    """Whether hoisting would move one of hostcall's calls out of this
-    loop body: one whose operands all stay the same from step to step (its
-    first ``n_consts`` inputs and constants do), at its top or in a jaxpr
-    of an equation hoisted whole. (JAX's own callbacks are left as JAX
-    runs them, and a body whose calls all read the carry is hoisted as JAX
-    hoists it: only this case pays for keeping the body whole.)"""
-    if not any(isinstance(e, kept_effects) for e in closed_jaxpr.effects):
-      return False
-    jaxpr = getattr(closed_jaxpr, "jaxpr", closed_jaxpr)
-    # A call inside a nested loop or cond counts too: hoisting splits a
-    # nested while_loop (its part that does not read the carry moves out).
-    invariant = set()
-    _known_calls(jaxpr, [False] * n_consts + [True] * (len(jaxpr.invars)
-                                                       - n_consts),
-                 lambda eqn: eqn.primitive is host_primitive and eqn.effects,
-                 invariant)
-    if invariant:
-      return True
-    varying = set(jaxpr.invars[n_consts:])
-    for eqn in jaxpr.eqns:
-      if any(v in varying for v in eqn.invars
-             if not isinstance(v, jex_core.Literal)):
-        varying.update(eqn.outvars)
-      elif _holds_a_call(eqn, host_primitive):
-        return True
+def moves_a_call(closed_jaxpr, n_consts: int) -> bool:
+  """Whether hoisting would move one of hostcall's calls out of this
+  loop body: one whose operands all stay the same from step to step (its
+  first ``n_consts`` inputs and constants do), at its top or in a jaxpr
+  of an equation hoisted whole. (JAX's own callbacks are left as JAX
+  runs them, and a body whose calls all read the carry is hoisted as JAX
+  hoists it: only this case pays for keeping the body whole.)"""
+  if not any(isinstance(e, KEPT_IN_LOOPS) for e in closed_jaxpr.effects):
     return False
+  jaxpr = getattr(closed_jaxpr, "jaxpr", closed_jaxpr)
+  # A call inside a nested loop or cond counts too: hoisting splits a
+  # nested while_loop (its part that does not read the carry moves out).
+  invariant = set()
+  _known_calls(jaxpr, [False] * n_consts + [True] * (len(jaxpr.invars)
+                                                     - n_consts),
+               lambda eqn: eqn.primitive is hostcall_p and eqn.effects,
+               invariant)
+  if invariant:
+    return True
+  varying = set(jaxpr.invars[n_consts:])
+  for eqn in jaxpr.eqns:
+    if any(v in varying for v in eqn.invars
+           if not isinstance(v, jex_core.Literal)):
+      varying.update(eqn.outvars)
+    elif _holds_a_call(eqn, hostcall_p):
+      return True
+  return False
 
-  def primal_call(eqn) -> bool:
-    """A call of hostcall's that a loop's tangents do not read: one with
-    no results, or a tap (its results are its operands)."""
-    return (eqn.primitive is host_primitive
-            and (eqn.params["kind"] == "tap" or not eqn.outvars))
 
-  def strip(body_jaxpr, unknown):
-    """The staged loop's body without the primal calls the known loop
-    has made already: those whose operands it had (None where there are
-    none, or where ``rewriting`` cannot reach one)."""
-    made = set()
-    _known_calls(body_jaxpr, unknown, primal_call, made)
-    if not made or not rewriting.plan(body_jaxpr,
-                                      lambda eqn: id(eqn) in made):
+def _primal_call(eqn) -> bool:
+  """A call of hostcall's that a loop's tangents do not read: one with
+  no results, or a tap (its results are its operands)."""
+  return (eqn.primitive is hostcall_p
+          and (eqn.params["kind"] == "tap" or not eqn.outvars))
+
+
+def strip_made_calls(body_jaxpr, unknown):
+  """The staged loop's body without the primal calls the known loop
+  has made already: those whose operands it had (None where there are
+  none, or where ``rewriting`` cannot reach one)."""
+  made = set()
+  _known_calls(body_jaxpr, unknown, _primal_call, made)
+  if not made or not rewriting.plan(body_jaxpr,
+                                    lambda eqn: id(eqn) in made):
+    return None
+
+  def without_made_calls(eqn, invals):
+    if id(eqn) not in made:
       return None
-
-    def without_made_calls(eqn, invals):
-      if id(eqn) not in made:
-        return None
-      return list(invals) if eqn.params["kind"] == "tap" else []
-    return jax.make_jaxpr(rewriting.as_function(body_jaxpr,
-                                                without_made_calls))(
-        *[_spec(a) for a in body_jaxpr.in_avals])
-
-  _jax_private.keep_io_in_partial_evaluation()
-  _jax_private.keep_calls_in_loop_bodies(moves_a_call)
-  _jax_private.restage_while_without(strip)
-  _jax_private.explain_checkpoint_refusal(_explain_checkpoint_refusal)
-  _jax_private.fancy_primitive_batchers[primitives.while_p] = _while_batching_rule
+    return list(invals) if eqn.params["kind"] == "tap" else []
+  return jax.make_jaxpr(rewriting.as_function(body_jaxpr,
+                                              without_made_calls))(
+      *[_spec(a) for a in body_jaxpr.in_avals])
 
 
 def _known_calls(jaxpr, unknown: list[bool], picked, made: set) -> list[bool]:
@@ -300,7 +298,9 @@ def _jaxprs_in(value) -> list:
   return []
 
 
-def _explain_checkpoint_refusal(message: str) -> str:
+def explain_checkpoint_refusal(message: str) -> str:
+  """JAX's refusal of an io callback under ``jax.checkpoint``, with what
+  to do instead (added where JAX raises it, by ``jax_rules``)."""
   if "IOEffect" not in message:
     return message
   # JAX names the effects by their objects' default repr (an address).

@@ -47,8 +47,8 @@ _jax_private.register_effect(OrderedHostEffect, ordered=True)
 _jax_private.register_effect(UnorderedHostEffect, ordered=False)
 _jax_private.register_effect(OrderedDebugHostEffect, ordered=True,
                              shardable=False)
-# One failed computation with ordered effects must not fail every later one.
-_jax_private.start_ordered_effects_afresh_after_a_failure()
+# (JAX's runtime tokens, wrapped so that one failed computation with
+# ordered effects does not fail every later one: ``jax_rules``.)
 
 #: Each ordering's effect (None: pure).
 EFFECTS = {"ordered": OrderedHostEffect(), "unordered": UnorderedHostEffect(),

@@ -7,9 +7,10 @@ JAX batches such a ``cond`` (``switch`` too) by running every branch for
 every lane and selecting each lane's results, so a debug callback in a
 branch ran for lanes that never took it (JAX #19314, #15039), and JAX
 refuses io callbacks there. hostcall makes the same rewrite in ``cond``'s
-batching rule, but first gives each of its gatable calls in a branch one
-more operand, the lane's "took this branch" flag, and a ``("gate",)``
-entry in its ``transforms``: the host drops the lanes whose flag is false
+batching rule (``cond_batching_rule``, installed by ``jax_rules``), but
+first gives each of its gatable calls in a branch one more operand, the
+lane's "took this branch" flag, and a ``("gate",)`` entry in its
+``transforms``: the host drops the lanes whose flag is false
 (``CallbackTarget.deliver``), so a call sees only the lanes that took its
 branch.
 
@@ -58,15 +59,17 @@ from jax.extend.core import primitives
 from hostcall import _jax_private
 from hostcall._core import rewriting
 from hostcall._core.context import GATE
+from hostcall._core.primitive import hostcall_p
 
+# JAX's own rule, read before ``jax_rules`` replaces it: every ``cond``
+# this module does not rewrite goes to it.
 _batch_cond = _jax_private.fancy_primitive_batchers[primitives.cond_p]
-_host_primitive = None
 
 
 def _runs_where_written(eqn) -> bool:
   """A call of JAX's impure flavours (made once where its ``cond`` branch
   is taken)."""
-  return (eqn.primitive is _host_primitive
+  return (eqn.primitive is hostcall_p
           and eqn.params["target"].gatable)
 
 
@@ -85,12 +88,15 @@ def gated(closed, taken):
     if not gatable(eqn):
       return None
     params = dict(eqn.params, transforms=eqn.params["transforms"] + (GATE,))
-    outs = _host_primitive.bind(*invals, taken, **params)
+    outs = hostcall_p.bind(*invals, taken, **params)
     return outs[:-1] if eqn.params["kind"] == "tap" else outs
   return rewriting.as_function(closed, rewrite)
 
 
-def _cond_batching_rule(axis_data, args, dims, *, branches, **params):
+def cond_batching_rule(axis_data, args, dims, *, branches, **params):
+  """``cond``'s batching rule (installed by ``jax_rules``): branches
+  holding gatable calls of ``hostcall_p`` are rewritten; every other
+  ``cond`` goes to JAX's rule."""
   index_dim = dims[0]
   picked = _runs_where_written if index_dim is None else gatable
   plans = [rewriting.plan(b, picked) for b in branches]
@@ -170,7 +176,7 @@ def _gated_already(eqn) -> bool:
 def _quiet(eqn) -> bool:
   """A result-less call or a tap of hostcall's: left out where a
   condition is evaluated again only for its predicate."""
-  return (eqn.primitive is _host_primitive
+  return (eqn.primitive is hostcall_p
           and (eqn.params["kind"] == "tap" or not eqn.params["result_avals"]))
 
 
@@ -236,12 +242,3 @@ def _select_lanes(pred, x, y):
 def _select_lanes_n(index, cases):
   index = jax.lax.broadcast_in_dim(index, cases[0].shape, (0,))
   return jax.lax.select_n(index, *cases)
-
-
-def install(host_primitive) -> None:
-  """Takes over ``cond``'s batching rule for branches holding gatable
-  calls of ``host_primitive``; every other ``cond`` goes to JAX's rule."""
-  global _host_primitive
-  _host_primitive = host_primitive
-  _jax_private.fancy_primitive_batchers[primitives.cond_p] = \
-      _cond_batching_rule

@@ -24,12 +24,32 @@ One equation calls one host function. Its parameters:
   shard with the local shard instead of one call with the gathered value
   (result-less calls; see ``partitioned``).
 
-The trace-time rules, registered at the bottom of this file, in one place:
-abstract evaluation, batching, JVP, transposition, partial evaluation under
-``jax.checkpoint``. What runs a call registers its own rules, as JAX's
-``dispatch`` and ``mlir`` modules do: eager evaluation in
-``hostcall._runtime.eager``, the MLIR lowering in
-``hostcall._runtime.lowering``.
+Its rules, each registered where it is defined (as JAX's
+``_src/callback.py`` registers its callbacks'), in one of three modules:
+
+================  ==========================================================
+rule              where it is registered
+================  ==========================================================
+abstract eval     here: ``_abstract_eval`` (``def_effectful_abstract_eval``;
+                  its effect: ``effects.effect_of``)
+impl (eager)      ``hostcall._runtime.eager``: ``_impl`` (``def_impl``)
+lowering          ``hostcall._runtime.lowering``: ``lower``, one rule for
+                  every platform (``register_lowering``, not cacheable; the
+                  platform decides the emission there: ``emission.route``)
+devices           here: ``require_devices_during_lowering`` (the lowering is
+                  handed the program's devices)
+batching          here: ``_batching_rule`` (``primitive_batchers``)
+JVP               here: ``_jvp_rule`` (``primitive_jvps``)
+transpose         here: ``_transpose_rule`` (``primitive_transposes``)
+partial eval /    here: ``_remat_rule`` (``partial_eval_jaxpr_custom_rules``;
+checkpoint        ``jax.checkpoint``'s split, by the target's ``remat``)
+DCE               none: JAX's default, which keeps an equation with an
+                  effect and drops an unused ``"pure"`` one
+================  ==========================================================
+
+The rules of JAX's own primitives that hostcall replaces for its calls'
+sake (``while`` and ``cond`` batching, ``scan`` hoisting, ``while``'s
+partial evaluation, ...) are installed by ``jax_rules``, and only there.
 """
 
 from __future__ import annotations
@@ -42,11 +62,9 @@ import jax.numpy as jnp
 from jax.extend import core as jex_core
 
 from hostcall import _jax_private
-from hostcall._core import (collecting, control_flow, delivery as deliveries,
-                            gating, lifting)
+from hostcall._core import collecting, delivery as deliveries, lifting
 from hostcall._core.context import batch_levels
-from hostcall._core.effects import (KEPT_IN_LOOPS, ORDERED_HOST_EFFECT_TYPES,
-                                    effect_of)
+from hostcall._core.effects import effect_of
 from hostcall._core.targets import VECTORISED, HostTarget
 from hostcall._core.tangents import instantiate
 
@@ -105,6 +123,9 @@ def _abstract_eval(*avals, kind, result_avals, ordering, **_):
   return list(outs), set() if effect is None else {effect}
 
 
+hostcall_p.def_effectful_abstract_eval(_abstract_eval)
+
+
 def _batching_rule(args, dims, *, transforms, kind, target, result_avals,
                    **params):
   size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
@@ -138,6 +159,9 @@ def _batching_rule(args, dims, *, transforms, kind, target, result_avals,
   outs = rebind(*args, transforms=transforms + (("batch", tuple(dims), size),),
                 result_avals=batched_avals)
   return outs, [0] * len(outs)
+
+
+_jax_private.primitive_batchers[hostcall_p] = _batching_rule
 
 
 def _leading(x, dim, size, method):
@@ -183,6 +207,9 @@ def _jvp_rule(primals, tangents, *, kind, target, transforms, **params):
   return outs, list(out_tangents)
 
 
+_jax_private.primitive_jvps[hostcall_p] = _jvp_rule
+
+
 def _transpose_rule(cts, *args, target, transforms, kind, **params):
   if kind == "tap":
     # A tap is linear in what it taps (it is the identity): under reverse
@@ -205,6 +232,9 @@ def _transpose_rule(cts, *args, target, transforms, kind, **params):
   else:
     outs = target.transpose(cts, args)
   return [_varying_as(o, a) for o, a in zip(outs, args)]
+
+
+_jax_private.primitive_transposes[hostcall_p] = _transpose_rule
 
 
 def _varying_as(cotangent, arg):
@@ -247,6 +277,9 @@ def _remat_rule(saveable, unks_in, inst_in, eqn):
   return eqn, eqn, [False] * n_out, [True] * n_out, residuals
 
 
+_jax_private.partial_eval_jaxpr_custom_rules[hostcall_p] = _remat_rule
+
+
 def _debug_remat_rule(saveable, unks_in, inst_in, eqn):
   # jax.debug.callback's rule, so that debug callbacks run exactly as often
   # as JAX's under every checkpoint policy: staged in the backward pass too
@@ -257,13 +290,3 @@ def _debug_remat_rule(saveable, unks_in, inst_in, eqn):
   if saveable(eqn.primitive, *[v.aval for v in eqn.invars], **eqn.params):
     return (eqn, eqn, [], [], []) if all(inst_in) else (eqn, None, [], [], [])
   return eqn, eqn, [], [], []
-
-
-hostcall_p.def_effectful_abstract_eval(_abstract_eval)
-# def_impl: hostcall._runtime.eager; lowering: hostcall._runtime.lowering.
-_jax_private.primitive_batchers[hostcall_p] = _batching_rule
-_jax_private.primitive_jvps[hostcall_p] = _jvp_rule
-_jax_private.primitive_transposes[hostcall_p] = _transpose_rule
-_jax_private.partial_eval_jaxpr_custom_rules[hostcall_p] = _remat_rule
-control_flow.install(ORDERED_HOST_EFFECT_TYPES, KEPT_IN_LOOPS, hostcall_p)
-gating.install(hostcall_p)
