@@ -133,6 +133,30 @@ def test_the_architecture_page_lists_the_layers_and_every_module():
         f"docs/architecture.md does not name {file_name} ({name})")
 
 
+def _reaches(name: str, prefix: str) -> list[str]:
+  """The modules of package ``name`` that import one of package
+  ``prefix``."""
+  inside = lambda m, p: m == p or m.startswith(p + ".")
+  return sorted(f"{a} imports {b}" for a, targets in _edges().items()
+                if inside(a, name) for b in targets if inside(b, prefix))
+
+
+@pytest.mark.parametrize("application", ["hostcall._apps.progress",
+                                         "hostcall._apps.control",
+                                         "hostcall._apps.metrics"])
+def test_the_loop_engine_imports_no_application(application):
+  # Bars and steered loops are listeners of the engine's invocations (and
+  # the steering provides the engine's stop check): the engine knows none.
+  assert not _reaches("hostcall._apps.loops", application)
+
+
+@pytest.mark.parametrize("name, other", [
+    ("hostcall._apps.control", "hostcall._apps.progress"),
+    ("hostcall._apps.progress", "hostcall._apps.control")])
+def test_bars_and_steering_do_not_import_each_other(name, other):
+  assert not _reaches(name, other)
+
+
 @pytest.mark.parametrize("graph", ["up", "circle"])
 def test_the_checks_catch_what_they_look_for(graph, monkeypatch):
   # The checks themselves fail on a graph that breaks the rules.

@@ -29,13 +29,18 @@ computation opened (``interrupts.Reaper``); elsewhere a failed loop ends at the 
 barrier, which closes its bar.
 """
 
-from hostcall._apps.control.check import (check, data_leaves, finish_here,
-                                          witness)
+from hostcall._apps.control.check import check, finish_here
 from hostcall._apps.control.host import controls
 from hostcall._apps.control.spec import (FAILED, INTERRUPTED, STOP_WHEN,
                                          TIME_LIMIT, LoopStatus, Result, Stop,
                                          reason_name)
+from hostcall._apps.loops import steering as _steering
 
 __all__ = ["FAILED", "INTERRUPTED", "STOP_WHEN", "TIME_LIMIT", "LoopStatus",
-           "Result", "Stop", "check", "controls", "data_leaves", "finish_here",
-           "reason_name", "witness"]
+           "Result", "Stop", "check", "controls", "finish_here",
+           "reason_name"]
+
+# The engine's loops are steered by this package (the engine imports no
+# application).
+_steering.provide(_steering.Steering(stop_of=Stop.of, check=check,
+                                     finish_here=finish_here, result=Result))

@@ -203,7 +203,21 @@ class _Controls(calls.Containment, _loops.Listener):
       failure.raised = True
       errors.postpone(failure.exc, "a host function in a steered loop")
 
-  # -- as a listener of the loops' invocations ----------------------------
+  # -- as a listener of the loops' invocations: what it hears of them ------
+
+  def on_opened(self, invocation) -> None:
+    if invocation.stop is not None:  # a steered loop
+      self.open(invocation.handle, invocation.stop, invocation.device)
+
+  def follows_every_tick(self, spec, handle) -> bool:
+    del spec
+    return self.watches(handle)
+
+  def on_ticked(self, handle, count, device) -> None:
+    self.after_tick(handle, count, device)
+
+  def on_finish(self, handle, reason) -> None:
+    self.finish(handle, reason)
 
   def on_end(self, invocation, count, lanes, stopped, force) -> None:
     del count, lanes, stopped, force

@@ -2,6 +2,8 @@
 host's registry of every loop invocation and the listeners it tells
 (``invocations``), a loop's events and their targets (``events``), the
 device side of one invocation (``chunked``), a loop run as chunks of steps
-(``chunks``) and the buffering of their taps (``buffering``, which is also
-``hostcall.scan``'s). It imports no application: a bar and a steered
-loop's host side are listeners of its invocations."""
+(``chunks``), the buffering of their taps (``buffering``, which is also
+``hostcall.scan``'s), the operand that waits for a chunk's values
+(``witness``) and what steers its loops (``steering``, which the
+``control`` package provides). It imports no application: a bar and a
+steered loop's host side are listeners of its invocations."""

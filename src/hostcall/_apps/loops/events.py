@@ -21,8 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from hostcall import _jax_private
-from hostcall._apps import control as _control
-from hostcall._apps.loops import invocations as _loops
+from hostcall._apps.loops import invocations as _loops, steering as _steering
+from hostcall._apps.loops.witness import data_leaves, witness
 from hostcall._core import CallTarget, PostponingTarget, bind, target
 from hostcall._core.context import delivering_asynchronously
 
@@ -114,11 +114,12 @@ class _Open(_BarQuestion):
 
   def deliver(self, flat_args, context):
     total = _first(flat_args[0], -1)
+    # A steered loop's host side hears of it from the registry, its stop
+    # carried by the invocation.
     handle = _loops.invocations.open(self.site, context.device,
                                      None if total < 0 else total, context,
-                                     queued=delivering_asynchronously())
-    if self.stop is not None:
-      _control.controls.open(handle, self.stop, context.device)
+                                     queued=delivering_asynchronously(),
+                                     stop=self.stop)
     lanes = tuple(size for _, size in reversed(context.batch_levels))
     return [np.full(lanes, handle, np.int32)]
 
@@ -172,8 +173,6 @@ class _Tick(_BarTap):
               else np.zeros(steps, np.int64))
     running = np.count_nonzero(active[0], axis=1) if active else None
     found = {}  # a handle carried -> (the invocation's, each tick)
-    each = getattr(_loops.invocations.spec(self.site), "draws_every_tick",
-                   False)
     failure = None
     handles, counts = handles.tolist(), counts.tolist()
     running = None if running is None else running.tolist()
@@ -181,7 +180,7 @@ class _Tick(_BarTap):
       if handle not in found:
         invocation = _resolved(handle, self.site, context)
         found[handle] = invocation, (
-            each or _control.controls.watches(invocation))
+            _loops.invocations.follows_every_tick(self.site, invocation))
       invocation, every_tick = found[handle]
       if every_tick or i + 1 == steps or handles[i + 1] != handle:
         try:
@@ -195,13 +194,8 @@ class _Tick(_BarTap):
       raise failure
 
   def _tick(self, handle: int, count: int, running, context) -> None:
-    try:
-      _loops.invocations.tick(handle, context.device, count,
-                              _loops.lanes_of(context), running)
-    finally:
-      # A steered loop's check waits until its predicate has seen this
-      # tick: a bar that fails to draw must not keep the loop waiting.
-      _control.controls.after_tick(handle, count, context.device)
+    _loops.invocations.tick(handle, context.device, count,
+                            _loops.lanes_of(context), running)
 
 
 def _per_call(column, calls: int, context) -> np.ndarray:
@@ -269,12 +263,12 @@ class _Finish(_BarQuestion):
     handle, reason = jnp.ravel(handle), jnp.ravel(reason)
     if not handle.size or not reason.size:
       return jnp.int32(1)  # no lane: the host's finish says what to do
-    return _control.finish_here(handle[0], jnp.max(reason))
+    return _steering.steering().finish_here(handle[0], jnp.max(reason))
 
   def deliver(self, flat_args, context):
     handle, reason = flat_args
-    _control.controls.finish(_resolved(handle, self.site, context),
-                             _first(reason, 0))
+    _loops.invocations.finish(_resolved(handle, self.site, context),
+                              _first(reason, 0))
     return ()
 
 
@@ -285,7 +279,7 @@ def lanes_probe(tree) -> jax.Array:
   """A zero-size array batched wherever ``tree`` is: it makes a tick see
   the vmap lanes without sending any data."""
   probe = jnp.zeros((0,), jnp.int8)
-  for leaf in _control.data_leaves(tree):
+  for leaf in data_leaves(tree):
     probe = probe + jnp.ravel(leaf)[:0].astype(jnp.int8)
   return probe
 
@@ -311,7 +305,7 @@ def open_bar(site, total, stop=None) -> tuple[jax.Array, jax.Array]:
 def _witness(tree) -> jax.Array:
   """One number read from every leaf of ``tree`` (or an empty array when it
   holds no data), batched wherever ``tree`` is."""
-  value = _control.witness(tree)
+  value = witness(tree)
   return value if value.size else lanes_probe(tree).astype(jnp.float32)
 
 

@@ -74,32 +74,62 @@ class Invocation:
     opener: the thread that opened it (``QUEUED``: the open was queued).
     opened: when (``time.monotonic()``).
     steps: the steps ``step`` counted (a decorated body's).
+    stop: what its open carried where the loop is steered (a
+      ``hostcall.control`` ``Stop``, which the engine never reads), else
+      None.
   """
 
   __slots__ = ("handle", "site", "spec", "device", "group", "total",
-               "context", "peers", "opener", "opened", "steps")
+               "context", "peers", "opener", "opened", "steps", "stop")
 
   def __init__(self, handle, site, spec, device, group, total, context,
-               peers, opener):
+               peers, opener, stop=None):
     self.handle, self.site, self.spec, self.device = handle, site, spec, device
     self.group, self.total, self.context = group, total, context
-    self.peers, self.opener = peers, opener
+    self.peers, self.opener, self.stop = peers, opener, stop
     self.opened = time.monotonic()
     self.steps = 0
 
 
 class Listener:
-  """What follows the invocations (every method is called under the
-  registry's lock, in the order the events happen; the default ignores
-  it)."""
+  """What follows the invocations: the one channel through which a
+  listener hears of them. The ``on_`` methods are called under the
+  registry's lock, in the order the events happen, ``on_opened``,
+  ``on_ticked`` and ``on_finish`` outside it; the default ignores each."""
 
   def on_open(self, invocation: Invocation) -> None:
     """A device opened ``invocation`` (raising refuses the open)."""
+
+  def on_opened(self, invocation: Invocation) -> None:
+    """After every listener's ``on_open``, once ``invocation`` is
+    registered, outside the lock (a steered loop's host side opens its
+    stop state here, from ``invocation.stop``; raising fails the open's
+    call, the invocation staying open)."""
 
   def on_tick(self, invocation: Invocation, count: int, lanes: int | None,
               running: int | None) -> None:
     """``invocation`` has run ``count`` steps (``lanes``: its vmap lanes;
     ``running``: those still running a while_loop)."""
+
+  def on_ticked(self, handle: int, count: int, device) -> None:
+    """After every listener's ``on_tick`` of this tick of ``handle`` on
+    ``device`` (also where one raised, or the invocation has ended),
+    outside the lock: a steered loop's predicate runs here, and its check,
+    waiting for it, may answer."""
+
+  def follows_every_tick(self, spec, handle: int) -> bool:
+    """Whether the listener must see each tick of the invocation
+    ``handle`` of a site whose spec is ``spec``, not only the last of a run
+    of them that the queue hands over at once (asked also where the
+    invocation has ended)."""
+    del spec, handle
+    return False
+
+  def on_finish(self, handle: int, reason: int) -> None:
+    """A steered loop stopped on a device, for ``reason`` (its invocation
+    may have ended already: a global view's devices finish after its one
+    device closed it); raising fails the loop's computation there (a
+    failure its host side contained)."""
 
   def on_end(self, invocation: Invocation, count: int | None,
              lanes: int | None, stopped: bool, force: bool) -> None:
@@ -214,11 +244,18 @@ class Invocations:
       return self._by_site[site]
 
   def open(self, site: int, device, total: int | None, context=None,
-           queued: bool = False) -> int:
+           queued: bool = False, stop=None) -> int:
     """Opens (or joins, for another device) this device's next invocation
     of the loop; returns the invocation's handle. ``queued``: the open was
     queued (``hostcall.jit``), not made by the thread that runs the loop's
-    computation."""
+    computation; ``stop``: a steered loop's (``Invocation.stop``)."""
+    handle, invocation = self._open_here(site, device, total, context,
+                                         queued, stop)
+    self._tell("on_opened", invocation)
+    return handle
+
+  def _open_here(self, site, device, total, context, queued, stop):
+    """``open``'s registration, under the lock: ``(handle, invocation)``."""
     with self._lock:
       index = self._counts[(site, device)]
       self._counts[(site, device)] += 1
@@ -229,7 +266,7 @@ class Invocations:
                if getattr(d, "process_index", 0) == process]
       invocation = Invocation(
           handle, site, self._by_site[site], device, (site, index), total,
-          context, peers, QUEUED if queued else threading.get_ident())
+          context, peers, QUEUED if queued else threading.get_ident(), stop)
       for listener in list(self._listeners):
         listener.on_open(invocation)  # a listener that refuses fails the open
       self._open[handle] = invocation
@@ -241,7 +278,7 @@ class Invocations:
       group.open.add(handle)
       group.expected.update(peers)
       self._paces[handle] = (time.monotonic(), 0, 0)
-      return handle
+      return handle, invocation
 
   def latest(self, site: int, device) -> int:
     """The handle of this device's latest invocation of ``site`` (the one
@@ -252,12 +289,33 @@ class Invocations:
   def tick(self, handle: int, device, count: int, lanes: int | None = None,
            running: int | None = None) -> None:
     """The loop has run ``count`` steps on ``device``."""
-    del device
+    each = EachAlone()
+    try:
+      with self._lock:
+        invocation = self._open.get(handle)
+        if invocation is not None:  # (else already ended)
+          with each:
+            self._tell("on_tick", invocation, count, lanes, running)
+    finally:
+      # A steered loop's check waits until its predicate has seen this
+      # tick: a bar that fails to draw must not keep the loop waiting.
+      for listener in list(self._listeners):
+        with each:
+          listener.on_ticked(handle, count, device)
+    each.raise_first()
+
+  def follows_every_tick(self, site: int, handle: int) -> bool:
+    """Whether a listener must see each tick of the invocation ``handle``
+    of ``site`` (see ``Listener.follows_every_tick``)."""
     with self._lock:
-      invocation = self._open.get(handle)
-      if invocation is None:
-        return  # already ended
-      self._tell("on_tick", invocation, count, lanes, running)
+      spec = self._by_site[site]
+      return any(listener.follows_every_tick(spec, handle)
+                 for listener in list(self._listeners))
+
+  def finish(self, handle: int, reason: int) -> None:
+    """A steered loop stopped on a device (``Listener.on_finish``), open
+    or not."""
+    self._tell("on_finish", handle, reason)
 
   def close(self, handle: int, device, count: int,
             lanes: int | None = None, stopped: bool = False) -> None:

@@ -179,6 +179,11 @@ class Bars(_loops.Listener):
     # An open invocation's handle -> the bar it draws (only those drawn).
     self._drawn: dict[int, _Bar] = {}
 
+  def follows_every_tick(self, spec, handle) -> bool:
+    # A bar that redraws at every tick (mininterval=0) draws each.
+    del handle
+    return getattr(spec, "draws_every_tick", False)
+
   def on_open(self, invocation) -> None:
     spec = invocation.spec
     if not isinstance(spec, BarSpec) or spec.disabled:
