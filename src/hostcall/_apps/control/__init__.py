@@ -34,7 +34,7 @@ from hostcall._apps.control.host import controls
 from hostcall._apps.control.spec import (FAILED, INTERRUPTED, STOP_WHEN,
                                          TIME_LIMIT, LoopStatus, Result, Stop,
                                          reason_name)
-from hostcall._apps.loops import steering as _steering
+from hostcall._apps.loops import steerer as _steerer
 
 __all__ = ["FAILED", "INTERRUPTED", "STOP_WHEN", "TIME_LIMIT", "LoopStatus",
            "Result", "Stop", "check", "controls", "finish_here",
@@ -42,5 +42,5 @@ __all__ = ["FAILED", "INTERRUPTED", "STOP_WHEN", "TIME_LIMIT", "LoopStatus",
 
 # The engine's loops are steered by this package (the engine imports no
 # application).
-_steering.provide(_steering.Steering(stop_of=Stop.of, check=check,
-                                     finish_here=finish_here, result=Result))
+_steerer.provide(_steerer.Steerer(stop_of=Stop.of, check=check,
+                                   finish_here=finish_here, result=Result))

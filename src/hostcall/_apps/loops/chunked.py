@@ -20,7 +20,7 @@ import threading
 from typing import Any, Callable
 
 from hostcall._apps.loops import (chunks as _chunks, events as _events,
-                                  steering as _steering)
+                                  steerer as _steerer)
 from hostcall._core import bind
 
 #: The most steps a chunk or a bar counts (int32 on the device).
@@ -75,7 +75,7 @@ def scan_loop(site: int, stop, ticks: bool, f: Callable, init, xs, length,
       after_chunk=None if not ticks else
       lambda state, ys: _events.tick(site, handle, state[0], (state, ys)),
       check=None if stop is None else
-      lambda state, index: _steering.steering().check(handle, index, state),
+      lambda state, index: _steerer.steerer().check(handle, index, state),
       flush_steps=FLUSH_STEPS)
   (count, carry), ys = out[:2]
   return _ended(site, handle, stop, count, (carry, ys),
@@ -111,7 +111,7 @@ def while_loop(site: int, stop, ticks: bool, cond_fun: Callable,
       lambda count, carry: _events.tick(site, handle, count, carry,
                                         cond_fun(carry)),
       check=None if stop is None else
-      lambda state, index: _steering.steering().check(handle, index, state))
+      lambda state, index: _steerer.steerer().check(handle, index, state))
   return _ended(site, handle, stop, count, carry,
                 None if stop is None else reason)
 
@@ -124,4 +124,4 @@ def _ended(site, handle, stop, count, value, reason):
   _events.close_bar(site, handle, count, value, reason)
   if stop is None:
     return value
-  return _steering.steering().result(value, reason != 0, count, reason)
+  return _steerer.steerer().result(value, reason != 0, count, reason)

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hostcall import _jax_private
-from hostcall._apps.loops import invocations as _loops, steering as _steering
+from hostcall._apps.loops import invocations as _loops, steerer as _steerer
 from hostcall._apps.loops.witness import data_leaves, witness
 from hostcall._core import CallTarget, PostponingTarget, bind, target
 from hostcall._core.context import delivering_asynchronously
@@ -263,7 +263,7 @@ class _Finish(_BarQuestion):
     handle, reason = jnp.ravel(handle), jnp.ravel(reason)
     if not handle.size or not reason.size:
       return jnp.int32(1)  # no lane: the host's finish says what to do
-    return _steering.steering().finish_here(handle[0], jnp.max(reason))
+    return _steerer.steerer().finish_here(handle[0], jnp.max(reason))
 
   def deliver(self, flat_args, context):
     handle, reason = flat_args

@@ -25,7 +25,7 @@ import numpy as np
 
 from hostcall._apps.loops import (chunked as _chunked, chunks as _chunks,
                                   events as _events, invocations as _loops,
-                                  steering as _steering)
+                                  steerer as _steerer)
 from hostcall._apps.progress import options as _options
 from hostcall._core import bind
 from hostcall._core.checks import check_callable
@@ -116,7 +116,7 @@ def scan(f: Callable, init, xs=None, length: int | None = None,
 
 def _steered(interruptible, time_limit, stop_when, desc):
   """The loop's ``Stop`` (None: not steered), and its bar's label."""
-  stop = _steering.steering().stop_of(interruptible, time_limit, stop_when)
+  stop = _steerer.steerer().stop_of(interruptible, time_limit, stop_when)
   if stop is not None and stop.interruptible:
     # (A desc that is no str is refused with the bar's other options.)
     if desc is None or isinstance(desc, str):
@@ -152,7 +152,7 @@ def fori_loop(lower, upper, body_fun: Callable, init_val, *,
   options = dict(desc=desc, every=every, unit=unit, leave=leave, file=file,
                  all_processes=all_processes, interruptible=interruptible,
                  time_limit=time_limit, stop_when=stop_when, **tqdm_options)
-  steered = _steering.steering().stop_of(interruptible, time_limit,
+  steered = _steerer.steerer().stop_of(interruptible, time_limit,
                                         stop_when) is not None
   try:
     lo, hi = int(lower), int(upper)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Callable, NamedTuple
 
 
-class Steering(NamedTuple):
+class Steerer(NamedTuple):
   """What steers the engine's loops.
 
   Attributes:
@@ -31,15 +31,15 @@ class Steering(NamedTuple):
   result: Callable[..., Any]
 
 
-_provided: list[Steering] = []
+_provided: list[Steerer] = []
 
 
-def provide(steering: Steering) -> None:
-  """``steering`` steers the engine's loops from now on."""
-  _provided[:] = [steering]
+def provide(steerer: Steerer) -> None:
+  """``steerer`` steers the engine's loops from now on."""
+  _provided[:] = [steerer]
 
 
-def steering() -> Steering:
+def steerer() -> Steerer:
   """What steers the engine's loops."""
   if not _provided:
     raise RuntimeError(
