@@ -357,6 +357,14 @@ class Consumer:
       stats["delivered"] = self._delivered
     return stats
 
+  def undelivered(self) -> bool:
+    """Whether a queued call is not yet delivered (no wait)."""
+    if self._queue is None:
+      return False
+    pushed = self.pushed()
+    with self._done:
+      return self._delivered < pushed
+
   def pushed(self) -> int:
     return self._queue.stats()["pushed"] if self._queue is not None else 0
 
@@ -407,6 +415,16 @@ def wait() -> None:
     if consumer.pushed() == pushed and deferred.submitted() == submitted:
       consumer.prune()  # what the barrier saw delivered is released now
       return
+
+
+def anything_to_wait_for() -> bool:
+  """Whether ``wait`` would wait for anything (no wait itself): a
+  queueing program dispatched since the last barrier, a queued call not
+  yet delivered, a program's outputs not yet replayed."""
+  if consumer.forked:
+    return False
+  return (deferred.queued_since_barrier or deferred.pending() > 0
+          or consumer.undelivered())
 
 
 def wait_at_exit() -> None:
