@@ -85,3 +85,18 @@ def window():
     hostcall.barrier()
   yield set_window
   set_window(queue.DEFAULT_GATHER, queue.IDLE_GATHER)
+
+
+@pytest.fixture(params=["queued", "outputs"])
+def jit_route(request, monkeypatch):
+  """Both ways hostcall.jit takes a program's calls out: queued from the
+  device (one CPU device with the native queue; skipped elsewhere), or
+  deferred to the program's outputs."""
+  from hostcall._jit import jitted
+  if request.param == "queued":
+    hostcall.barrier()  # the native queue started
+    if not jitted._queues_from_the_device():
+      pytest.skip("no native tap queue here: calls become outputs")
+  monkeypatch.setattr(jitted, "mode",
+                      "auto" if request.param == "queued" else "outputs")
+  return request.param

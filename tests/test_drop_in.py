@@ -42,7 +42,6 @@ from jax.experimental import io_callback as jax_io_callback
 import hostcall
 from hostcall import control, progress
 from hostcall import host_callback as hcb
-from hostcall._jit import jitted as jit_module
 
 F32 = jax.ShapeDtypeStruct((), jnp.float32)
 
@@ -277,10 +276,9 @@ def test_scan_constructs_see_what_lax_scan_sees(construct, names):
            sites_in_order="unroll" not in construct)
 
 
-@pytest.mark.parametrize("names", MIXTURES, ids="+".join)
-@pytest.mark.parametrize("construct", list(WHILES))
-def test_while_constructs_see_what_lax_while_loop_sees(construct, names):
-  log = Log()
+def _while_case(log, names, construct):
+  """JAX's ``lax.while_loop`` and ``construct`` on the same body: both
+  views."""
   body = _while_body(log, names)
   cond = lambda s: s[0] < STEPS  # noqa: E731
   init = (jnp.int32(0), jnp.float32(0))
@@ -288,7 +286,14 @@ def test_while_constructs_see_what_lax_while_loop_sees(construct, names):
                        log)
   subject = _observe(_in_jit(lambda: WHILES[construct](cond, body, init)),
                      log)
-  _compare(reference, subject, names)
+  return reference, subject
+
+
+@pytest.mark.parametrize("names", MIXTURES, ids="+".join)
+@pytest.mark.parametrize("construct", list(WHILES))
+def test_while_constructs_see_what_lax_while_loop_sees(construct, names):
+  log = Log()
+  _compare(*_while_case(log, names, construct), names)
 
 
 @pytest.mark.parametrize("names", MIXTURES[:4], ids="+".join)
@@ -382,18 +387,6 @@ JIT_MIXTURES = [
 ]
 
 
-@pytest.fixture(params=["queued", "outputs"])
-def route(request, monkeypatch):
-  """Both ways hostcall.jit takes a program's calls out."""
-  if request.param == "queued":
-    hostcall.barrier()
-    if not jit_module._queues_from_the_device():
-      pytest.skip("no native tap queue here: calls become outputs")
-  monkeypatch.setattr(jit_module, "mode",
-                      "auto" if request.param == "queued" else "outputs")
-  return request.param
-
-
 def _python_loop(jit, log, names, steps=STEPS):
   @jit
   def step(c, i):
@@ -425,7 +418,7 @@ def _observe_sync(run, log, sync):
 
 @pytest.mark.parametrize("names", JIT_MIXTURES, ids="+".join)
 @pytest.mark.parametrize("sync", list(SYNC_POINTS))
-def test_hostcall_jit_keeps_jaxs_sync_points(route, sync, names):
+def test_hostcall_jit_keeps_jaxs_sync_points(jit_route, sync, names):
   log = Log()
   wait, keeps = SYNC_POINTS[sync]
   (ref_events, ref_lines), reference = _observe_sync(
@@ -443,7 +436,7 @@ def test_hostcall_jit_keeps_jaxs_sync_points(route, sync, names):
     assert [e for e in events if e[0].startswith("io_live")] == live
 
 
-def test_prints_under_hostcall_jit_go_where_stdout_was_at_the_call(route):
+def test_prints_under_hostcall_jit_go_where_stdout_was_at_the_call(jit_route):
   def program(jit):
     @jit
     def step(w):
@@ -468,7 +461,7 @@ def test_prints_under_hostcall_jit_go_where_stdout_was_at_the_call(route):
   assert len(inside.splitlines()) == 100 and len(outside.splitlines()) == 2
 
 
-def test_jax_effects_barrier_waits_for_every_deferred_call(route):
+def test_jax_effects_barrier_waits_for_every_deferred_call(jit_route):
   seen = []
 
   def program(jit):
@@ -492,7 +485,7 @@ def test_jax_effects_barrier_waits_for_every_deferred_call(route):
 
 
 def test_an_effects_barrier_in_a_host_function_does_not_wait_for_itself(
-    route):
+    jit_route):
   seen = []
 
   def host(v):
@@ -517,18 +510,9 @@ _NAMES = sorted(CALLS)
 def _random_case(draw_names, construct_kind, construct):
   log = Log()
   names = tuple(draw_names)
-  in_order = "unroll" not in construct
-  if construct_kind == "scan":
-    reference, subject = _scan_case(log, names, construct)
-  else:
-    body = _while_body(log, names)
-    cond = lambda s: s[0] < STEPS  # noqa: E731
-    init = (jnp.int32(0), jnp.float32(0))
-    reference = _observe(_in_jit(lambda: lax.while_loop(cond, body, init)),
-                         log)
-    subject = _observe(_in_jit(lambda: WHILES[construct](cond, body, init)),
-                       log)
-  _compare(reference, subject, names, in_order)
+  case = _scan_case if construct_kind == "scan" else _while_case
+  _compare(*case(log, names, construct), names,
+           sites_in_order="unroll" not in construct)
 
 
 _CONSTRUCTS = ([("scan", c) for c in SCANS]

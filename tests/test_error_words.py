@@ -174,16 +174,10 @@ def test_a_host_functions_own_error_keeps_its_note_without_a_stray_period(
 
 # --- 2. JAX's callbacks under hostcall.jit, named as the user wrote them ----
 
-@pytest.fixture(params=["queued", "outputs"])
-def mode(request, monkeypatch):
-  """Both ways hostcall.jit takes a program's calls out."""
-  if request.param == "queued":
-    hostcall.barrier()  # the native queue started
-    if not jit_module._queues_from_the_device():
-      pytest.skip("no native tap queue here: calls become outputs")
-  monkeypatch.setattr(jit_module, "mode",
-                      "auto" if request.param == "queued" else "outputs")
-  return request.param
+@pytest.fixture
+def mode(jit_route):
+  """Both ways hostcall.jit takes a program's calls out (conftest's)."""
+  return jit_route
 
 
 def my_cb(x):

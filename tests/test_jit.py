@@ -20,16 +20,11 @@ from hostcall._jit import deferring, jitted as jit_module
 DELIVERER = {"queued": "hostcall-consumer", "outputs": "hostcall-deferred"}
 
 
-@pytest.fixture(autouse=True, params=["queued", "outputs"])
-def mode(request, monkeypatch):
-  """Every test runs both ways hostcall.jit takes a program's calls out."""
-  if request.param == "queued":
-    hostcall.barrier()  # the native queue started
-    if not jit_module._queues_from_the_device():
-      pytest.skip("no native tap queue here: calls become outputs")
-  monkeypatch.setattr(jit_module, "mode",
-                      "auto" if request.param == "queued" else "outputs")
-  return request.param
+@pytest.fixture(autouse=True)
+def mode(jit_route):
+  """Every test runs both ways hostcall.jit takes a program's calls out
+  (conftest's ``jit_route``)."""
+  return jit_route
 
 
 class Log:
