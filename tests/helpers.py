@@ -101,3 +101,32 @@ def stated(page: str, *sentences: str) -> None:
   text = page_text(page)
   for sentence in sentences:
     assert re.sub(r"\s+", " ", sentence) in text, (page, sentence)
+
+
+class FakeCoordinationClient:
+  """The part of jax.distributed's client a gathered run uses: a key-value
+  store whose blocking get waits (on a condition, never a sleep) and times
+  out as the coordination service does."""
+
+  def __init__(self):
+    self.values, self.deleted = {}, []
+    self.changed = threading.Condition()
+
+  def key_value_set_bytes(self, key, value):
+    with self.changed:
+      assert key not in self.values, f"{key} set twice"
+      self.values[key] = value
+      self.changed.notify_all()
+
+  def blocking_key_value_get_bytes(self, key, timeout_in_ms):
+    with self.changed:
+      if not self.changed.wait_for(lambda: key in self.values,
+                                   timeout_in_ms / 1000):
+        raise RuntimeError(f"DEADLINE_EXCEEDED: GetKeyValue() timed out "
+                           f"with key: {key}")
+      return self.values[key]
+
+  def key_value_delete(self, key):
+    with self.changed:
+      del self.values[key]
+      self.deleted.append(key)

@@ -21,6 +21,7 @@ import pytest
 
 import hostcall
 from hostcall import metrics, progress
+from tests.helpers import FakeCoordinationClient
 
 STEPS, MEMBERS, EVERY = 23, 3, 5  # the last chunk of the scan is partial
 
@@ -470,35 +471,6 @@ def test_blocks_sent_between_processes_keep_their_values():
   assert list(back.metrics) == ["a/b c", "bf16", "w"]
 
 
-class FakeCoordinationClient:
-  """The part of jax.distributed's client a gathered run uses: a key-value
-  store whose blocking get waits (on a condition, never a sleep) and times
-  out as the coordination service does."""
-
-  def __init__(self):
-    self.values, self.deleted = {}, []
-    self.changed = threading.Condition()
-
-  def key_value_set_bytes(self, key, value):
-    with self.changed:
-      assert key not in self.values, f"{key} set twice"
-      self.values[key] = value
-      self.changed.notify_all()
-
-  def blocking_key_value_get_bytes(self, key, timeout_in_ms):
-    with self.changed:
-      if not self.changed.wait_for(lambda: key in self.values,
-                                   timeout_in_ms / 1000):
-        raise RuntimeError(f"DEADLINE_EXCEEDED: GetKeyValue() timed out "
-                           f"with key: {key}")
-      return self.values[key]
-
-  def key_value_delete(self, key):
-    with self.changed:
-      del self.values[key]
-      self.deleted.append(key)
-
-
 def test_process_0_writes_what_the_others_send_and_says_who_never_closed(
     tmp_path, monkeypatch, caplog):
   from hostcall._apps.metrics import processes, sink
@@ -528,7 +500,9 @@ def test_process_0_writes_what_the_others_send_and_says_who_never_closed(
   assert rows == [(0, 0, 1.0), (1, 0, 10.0), (1, 1, 11.0), (1, 2, 12.0),
                   (1, 3, 13.0)]
   assert client.deleted == [f"{prefix}/1/{i}" for i in range(3)]
-  assert client.values == {}  # every key taken is deleted
+  # Every key taken is deleted; the name process 0 gave the job's run
+  # stays.
+  assert client.values == {f"{prefix}/name": b"gathered-here"}
 
 
 def test_a_process_other_than_0_writes_sends_or_drops_as_asked(
@@ -536,6 +510,9 @@ def test_a_process_other_than_0_writes_sends_or_drops_as_asked(
   from hostcall._apps.metrics import processes
   client = FakeCoordinationClient()
   monkeypatch.setattr(processes, "job", lambda: processes.Job(1, 2, client))
+  for name in ("roles", "roles-sent", "roles-dropped"):  # process 0's names
+    client.key_value_set_bytes(
+        f"hostcall/metrics/{json.dumps(name)}/0/name", name.encode())
   each = metrics.Run("roles", root=tmp_path, writers=["jsonl", "mlflow"],
                      params={"lr": 0.5})
   sent = metrics.Run("roles-sent", root=tmp_path, writers=["jsonl", "mlflow"],
@@ -558,7 +535,8 @@ def test_a_process_other_than_0_writes_sends_or_drops_as_asked(
   # "gather": nothing written here; the block, then the end, sent.
   assert not (tmp_path / "roles-sent").exists()
   prefix = f'hostcall/metrics/{json.dumps("roles-sent")}/0/1'
-  assert sorted(client.values) == [f"{prefix}/0", f"{prefix}/1"]
+  assert sorted(k for k in client.values if k.startswith(prefix)) == [
+      f"{prefix}/0", f"{prefix}/1"]
   assert processes.decode(client.values[f"{prefix}/0"]).records() == [
       {"step": 4, "process": 1, "x": 2.0}]
   assert client.values[f"{prefix}/1"] == b"end"

@@ -1,11 +1,15 @@
-"""The files of the text writers: paths as arguments, files opened afresh
-for appending, a block's rows written in one ``write``."""
+"""The files of the text writers: paths as arguments, a run's directory
+(its name as a path, claimed), files opened afresh for appending, a block's
+rows written in one ``write``."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import pathlib
+import threading
 import weakref
+from typing import Callable
 
 
 def as_path(value, what: str) -> pathlib.Path:
@@ -16,6 +20,80 @@ def as_path(value, what: str) -> pathlib.Path:
                     f"'runs/fit'), got {value!r} of type "
                     f"{type(value).__name__}.")
   return pathlib.Path(value)
+
+
+def run_dir(root, name) -> pathlib.Path:
+  """``root/name``, refusing a name that is not a plain relative path."""
+  if not isinstance(name, str) or not name or "\0" in name:
+    raise ValueError(f"a run name is a non-empty string without NUL bytes, "
+                     f"e.g. Run('fit'); got {name!r}.")
+  relative = pathlib.PurePath(name)
+  if relative.is_absolute() or ".." in relative.parts:
+    raise ValueError(
+        f"a run name is a relative path inside the runs directory ({root}); "
+        f"got {name!r}, which would write elsewhere. Pass root= to choose "
+        "the directory, e.g. Run('fit', root='/data/runs').")
+  root = as_path(root, "Run's root")
+  path = root / relative
+  if not path.resolve().is_relative_to(root.resolve()):
+    raise ValueError(f"the run name {name!r} leads outside {root} (through "
+                     "a symbolic link); choose another name or root=.")
+  return path
+
+
+# The directories (resolved) claimed by runs of this process not yet open.
+_claim_lock = threading.Lock()
+_claimed: set[pathlib.Path] = set()
+
+
+def claim_run_dir(base: pathlib.Path, make: bool,
+                  open_dirs: Callable[[], set]) -> pathlib.Path:
+  """Claims the first free of ``base``, ``base-2``, ``base-3``, ...: not
+  the directory of a run of this process open (in ``open_dirs()``,
+  resolved) or being opened, and, for a run that writes files (``make``),
+  made here by ``os.mkdir``, which fails where the directory exists: the
+  claim is atomic between threads and processes alike. A run without files
+  (no directory made) takes one that does not exist. ``release_run_dir``
+  it once the run is open (or has failed to open)."""
+  if make:
+    base.parent.mkdir(parents=True, exist_ok=True)
+  for number in itertools.count(1):
+    candidate = base if number == 1 else base.with_name(
+        f"{base.name}-{number}")
+    with _claim_lock:
+      resolved = candidate.resolve()
+      if resolved in _claimed or resolved in open_dirs():
+        continue
+      if make:
+        try:
+          os.mkdir(candidate)
+        except FileExistsError:  # an earlier run's, or a racing claim
+          continue
+      elif os.path.lexists(candidate):
+        continue
+      _claimed.add(resolved)
+      return candidate
+  raise AssertionError("unreachable")
+
+
+def release_run_dir(path: pathlib.Path) -> None:
+  """Ends ``claim_run_dir``'s claim of ``path`` in this process."""
+  with _claim_lock:
+    _claimed.discard(path.resolve())
+
+
+def make_own_part(path: pathlib.Path) -> bool:
+  """Makes ``path``, a process's own part (``process_<k>``) of a run whose
+  directory process 0 named as new (its parents too); refuses one that
+  holds files, which only an earlier job can have left, on a file system
+  the processes do not share. Returns True."""
+  path.mkdir(parents=True, exist_ok=True)
+  if any(path.iterdir()):
+    raise FileExistsError(
+        f"{path} holds an earlier run's files, though process 0 of this job "
+        "named the run's directory as new: the processes do not share this "
+        "file system. Remove it, or pass another root= or name.")
+  return True
 
 
 def open_for_append(path: pathlib.Path, truncate: bool = True) -> int:

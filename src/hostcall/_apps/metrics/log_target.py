@@ -24,6 +24,9 @@ class LogTarget(PostponingTarget):
   run_id: int
   names: tuple
   has_step: bool
+  #: Made by a call outside ``jit``: its deliveries are counted out of
+  #: the sink's calls in flight (``sink.Users``).
+  eager: bool = False
 
   delivery = "async"  # the device never waits for the writers
   remat = "once"  # a rematerialised step must not log its rows twice
@@ -32,13 +35,21 @@ class LogTarget(PostponingTarget):
     return f"metrics.Run({self.sink.name!r}).log{self.names}"
 
   def deliver(self, flat_args, context):
-    self._add(flat_args, context, steps=None)
+    try:
+      self._add(flat_args, context, steps=None)
+    finally:
+      if self.eager:
+        self.sink.users.eager_calls(-1)
     return ()
 
   joins_calls = True  # each row stands alone
 
   def deliver_steps(self, stacked, steps, context):
-    self._add(stacked, context, steps=steps)
+    try:
+      self._add(stacked, context, steps=steps)
+    finally:  # (consecutive calls outside jit are delivered together)
+      if self.eager:
+        self.sink.users.eager_calls(-steps)
 
   def _add(self, args, context, steps: int | None) -> None:
     sink = self.sink.current()

@@ -1,7 +1,8 @@
 """Runs in a job of several processes (``jax.distributed``): who writes
-(``Run(processes=...)``), and the rows of processes 1, 2, ... sent to
-process 0 through the key-value store of JAX's coordination service
-(``ForwardWriter`` sends, ``Gather`` receives)."""
+(``Run(processes=...)``), the run's directory named once for the whole job
+(``one_name``: process 0 chooses it, the others read it), and the rows of
+processes 1, 2, ... sent to process 0 through the key-value store of JAX's
+coordination service (``ForwardWriter`` sends, ``Gather`` receives)."""
 
 from __future__ import annotations
 
@@ -80,6 +81,55 @@ def channel(name: str) -> str:
   with _generations_lock:
     generation = next(_generations.setdefault(name, itertools.count()))
   return f"hostcall/metrics/{json.dumps(name)}/{generation}"
+
+
+#: How long a process other than 0 waits for process 0 to name a run (it
+#: makes its runs in the same order, maybe after a longer start).
+NAME_TIMEOUT = 300.0
+#: How long one wait for the name lasts before it is asked again.
+NAME_WAIT_MS = 10_000
+
+
+def one_name(job: Job, prefix: str, choose: Callable[[], str],
+             what: str) -> str:
+  """The name of a run, one decision for the whole job: process 0 calls
+  ``choose()`` and puts what it returns under ``<prefix>/name`` in the
+  coordination service's key-value store; the others wait for it there
+  (``NAME_TIMEOUT`` at most). A ``choose()`` that fails fails the run in
+  every process.
+
+  Arguments:
+    job: the job's processes (several).
+    prefix: the run's key prefix (``channel(name)``).
+    choose: process 0's decision.
+    what: the run, for messages.
+  """
+  key = f"{prefix}/name"
+  if job.process == 0:
+    try:
+      name = choose()
+    except BaseException:
+      job.client.key_value_set_bytes(key, b"")  # the others fail as well
+      raise
+    job.client.key_value_set_bytes(key, name.encode())
+    return name
+  deadline = time.monotonic() + NAME_TIMEOUT
+  while True:
+    try:
+      data = job.client.blocking_key_value_get_bytes(key, NAME_WAIT_MS)
+      break
+    except Exception as exc:  # noqa: BLE001
+      if ("DEADLINE_EXCEEDED" not in str(exc)
+          or time.monotonic() >= deadline):
+        raise RuntimeError(
+            f"process {job.process} could not learn the directory of {what} "
+            f"from process 0, which names it for the whole job ({exc}); "
+            "make runs in the same order in every process, after "
+            "jax.distributed.initialize().") from exc
+  if not data:
+    raise RuntimeError(f"{what} failed to open in process 0, which names "
+                       "it for the whole job; see process 0's error.")
+  return data.decode()
 
 
 _END = b"end"

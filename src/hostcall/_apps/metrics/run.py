@@ -9,7 +9,6 @@ one host call brings ``every`` steps, written as one block.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 import pathlib
@@ -19,8 +18,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hostcall import _jax_private
 from hostcall._apps.metrics import (files, processes as _processes, reading,
-                                    sink as _sinks)
+                                    registry, sink as _sinks)
 from hostcall._apps.metrics.log_target import LogTarget
 from hostcall._apps.metrics.memory import MemoryWriter
 from hostcall._apps.metrics.sink import RunSink
@@ -34,57 +34,13 @@ from hostcall._flavours.grad import on_backward
 logger = logging.getLogger("hostcall")
 
 
-def _run_dir(root, name) -> pathlib.Path:
-  """``root/name``, refusing a name that is not a plain relative path."""
-  if not isinstance(name, str) or not name or "\0" in name:
-    raise ValueError(f"a run name is a non-empty string without NUL bytes, "
-                     f"e.g. Run('fit'); got {name!r}.")
-  relative = pathlib.PurePath(name)
-  if relative.is_absolute() or ".." in relative.parts:
-    raise ValueError(
-        f"a run name is a relative path inside the runs directory ({root}); "
-        f"got {name!r}, which would write elsewhere. Pass root= to choose "
-        "the directory, e.g. Run('fit', root='/data/runs').")
-  root = files.as_path(root, "Run's root")
-  path = root / relative
-  if not path.resolve().is_relative_to(root.resolve()):
-    raise ValueError(f"the run name {name!r} leads outside {root} (through "
-                     "a symbolic link); choose another name or root=.")
-  return path
-
-
 #: What ``Run(exists=...)`` takes: what a run does where its directory
-#: already holds an earlier run's files (or an open run of this process).
+#: already exists (an earlier run's) or is an open run's of this process.
 EXISTS = {
     "new": "a directory of its own, <name>-2, <name>-3, ... (the default)",
     "append": "go on after the earlier rows, in the same files",
     "overwrite": "start the files afresh (the earlier rows are lost)",
 }
-
-
-def _taken(path: pathlib.Path) -> bool:
-  """Whether ``path`` holds anything, or is an open run's directory."""
-  if path.resolve() in _sinks.dirs_in_use():
-    return True
-  try:
-    if not os.path.lexists(path):
-      return False
-    return not path.is_dir() or any(path.iterdir())
-  except FileNotFoundError:
-    return False
-  except OSError:  # unreadable: never written over unasked
-    return True
-
-
-def _own_dir(base: pathlib.Path, part: str | None) -> pathlib.Path:
-  """The first of ``base``, ``base-2``, ``base-3``, ... whose directory
-  (``<it>/<part>`` where this process writes its own part) is free."""
-  for number in itertools.count(1):
-    candidate = base if number == 1 else base.with_name(
-        f"{base.name}-{number}")
-    if not _taken(candidate / part if part else candidate):
-      return candidate
-  raise AssertionError("unreachable")
 
 
 _INDEX_COLUMNS = frozenset({"member", "device", "process"})
@@ -213,12 +169,14 @@ class Run:
       of the run's directory merges the processes' files. Make runs after
       ``jax.distributed.initialize()``, in the same order in every
       process, and close them before it shuts down.
-    exists: what the run does where ``<root>/<name>/`` already holds files
-      (an earlier run's) or is the directory of a run still open in this
-      process: ``"new"`` (the default) writes to a directory of its own,
-      the first free of ``<name>-2``, ``<name>-3``, ... (a warning says
-      where; ``run.dir`` is it), so that no run destroys an earlier one's
-      rows; ``"append"`` goes on after the earlier rows in the same files;
+    exists: what the run does where ``<root>/<name>/`` exists (an earlier
+      run's) or is the directory of a run of this process: ``"new"`` (the
+      default) writes to a directory of its own, the first free of
+      ``<name>-2``, ``<name>-3``, ... (a warning says where; ``run.dir`` is
+      it), claimed by ``os.mkdir``, so that no run destroys an earlier one's
+      rows and runs made at once (in threads, in processes) never share
+      one; in a job of several processes, process 0 names it for all;
+      ``"append"`` goes on after the earlier rows in the same files;
       ``"overwrite"`` starts the files afresh. With ``"append"`` or
       ``"overwrite"`` a run still open in this process with that directory
       is replaced: it is flushed and closed, and whatever still logs to the
@@ -234,7 +192,12 @@ class Run:
   tool that refuses to start, a directory that cannot be made) changes
   nothing: no run is replaced, and the writers it made are closed. Rows
   reach the files at every
-  ``hostcall.barrier()``, ``run.flush()``, ``run.close()`` and at exit.
+  ``hostcall.barrier()``, ``run.flush()``, ``run.close()`` and at exit. A
+  run nothing can log to any more (its ``Run`` object gone, every program
+  compiled with its ``log`` calls gone, its rows delivered) is finished,
+  flushed and closed, when a run is made and at each barrier: a notebook
+  cell run again (``run = Run("fit")``) leaves one run open, not one a
+  time.
   Under ``vmap`` each member's values form their own row, with its
   ``member`` index (row-major over nested vmaps). Where JAX sees several
   devices, rows carry the ``device`` id that logged them (under
@@ -280,19 +243,42 @@ class Run:
           f"{exists!r}.")
     job = _processes.job()
     self.name = name
-    base = _run_dir(root, name)
+    base = files.run_dir(root, name)
+    _sinks.finish_abandoned()  # (an earlier run of this name, made again)
     part = (f"process_{job.process}"
             if job.process is not None and processes == "each" else None)
-    self.dir = base if exists != "new" else _own_dir(base, part)
+    channel = None if job.process is None else _processes.channel(name)
+    writes = any(registry.writes_files(w) for w in writers)
+    claimed = None
+    if exists != "new":
+      self.dir = base
+    elif job.process is None:
+      self.dir = claimed = files.claim_run_dir(base, writes,
+                                               _sinks.dirs_in_use)
+    else:  # one name for the whole job: process 0's
+      def choose() -> str:
+        nonlocal claimed
+        claimed = files.claim_run_dir(base, writes, _sinks.dirs_in_use)
+        return claimed.name
+      self.dir = base.with_name(_processes.one_name(
+          job, channel, choose, f"Run({name!r})"))
     if self.dir != base:
       logger.warning(
           "hostcall: %s holds an earlier run's files (or an open run's), so "
-          "Run(%r) writes to %s (run.dir); pass exists='append' to go on with them, or "
-          "exists='overwrite' to start them afresh.", base, name, self.dir)
-    if part:
-      self.dir = self.dir / part
-    self._sink = RunSink(name, self.dir, writers, params=params,
-                         processes=processes, job=job, exists=exists)
+          "Run(%r) writes to %s (run.dir); pass exists='append' to go on "
+          "with them, or exists='overwrite' to start them afresh.", base,
+          name, self.dir)
+    made = writes and claimed == self.dir
+    try:  # (a directory made for it is removed if it fails to open)
+      if part:  # (in a directory process 0 named, new where "new")
+        self.dir = self.dir / part
+        made = writes and exists == "new" and files.make_own_part(self.dir)
+      self._sink = RunSink(name, self.dir, writers, params=params,
+                           processes=processes, job=job, exists=exists,
+                           channel=channel, owner=self, dir_made=made)
+    finally:
+      if claimed is not None:
+        files.release_run_dir(claimed)
     self.id = self._sink.id
     self.writers: list = self._sink.writers
 
@@ -348,8 +334,20 @@ class Run:
     if step is not None:
       _check_step(step, "run.log(step, loss=...)")
       operands.insert(0, jnp.asarray(step))
-    log_target = LogTarget(sink, sink.id, names, step is not None)
-    bind(operands, target=log_target, kind="call")
+    # A call outside jit is counted until delivered; a call site traced
+    # into a program logs to the run while that program lives.
+    eager = _jax_private.is_top_level()
+    log_target = LogTarget(sink, sink.id, names, step is not None, eager)
+    if eager:
+      sink.users.eager_calls(1)
+    else:
+      sink.users.add(log_target)
+    try:
+      bind(operands, target=log_target, kind="call")
+    except BaseException:
+      if eager:  # (not dispatched)
+        sink.users.eager_calls(-1)
+      raise
 
   def log_grad(self, step=None, *, stats: Iterable[str] = ("norm",),
                **named) -> Any:

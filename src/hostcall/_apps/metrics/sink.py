@@ -8,6 +8,11 @@ directory (``Run(exists="append")`` or ``"overwrite"``) replaces the open
 one once its own writers are made (its successor takes what is still
 logged to it; a run that fails to open hands it back), every
 ``hostcall.barrier()`` flushes them all, and interpreter exit closes them.
+
+``finish_abandoned`` finishes (flushes and closes) the open runs nothing
+can log to any more (``RunSink.in_use``), when a run is made and at each
+barrier: a run made again and again (a notebook cell run again) leaves one
+run open, not one a time.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import logging
 import os
 import pathlib
 import threading
+import weakref
 from typing import Any, Iterable
 
 import numpy as np
@@ -27,12 +33,45 @@ from hostcall._apps.metrics import (processes as _processes, registry,
 from hostcall._apps.metrics.block import Block
 from hostcall._runtime import errors, queue as _queue
 from hostcall._runtime.barriers import add_barrier_hook
+from hostcall._core.context import why_waiting_is_forbidden
 
 logger = logging.getLogger("hostcall")
 
 _ids = itertools.count()
 _open: list["RunSink"] = []
 _open_lock = threading.Lock()
+
+
+class Users:
+  """What can log to one sink (see ``RunSink.in_use``): weak references to
+  its ``Run`` object and its call sites traced into programs (``add``), and
+  how many calls made outside ``jit`` are not yet delivered
+  (``eager_calls``: +1 a call made, -1 a call delivered). Holds no sink: a
+  sink that replaced this one's keeps it."""
+
+  lock = threading.Lock()  # one for all: a replaced sink's are shared
+
+  def __init__(self, owner=None):
+    self.refs: list[weakref.ref] = [] if owner is None else [
+        weakref.ref(owner)]
+    self.eager = 0
+    self._pruned_at = 64
+
+  def add(self, user) -> None:
+    with self.lock:
+      self.refs.append(weakref.ref(user))
+      if len(self.refs) > self._pruned_at:  # a program traced many times
+        self.refs[:] = [r for r in self.refs if r() is not None]
+        self._pruned_at = max(64, 2 * len(self.refs))
+
+  def eager_calls(self, count: int) -> None:
+    with self.lock:
+      self.eager = max(0, self.eager + count)
+
+  def alive(self) -> bool:
+    """(Called holding ``lock``.)"""
+    self.refs[:] = [r for r in self.refs if r() is not None]
+    return bool(self.refs) or self.eager > 0
 
 
 class RunSink:
@@ -50,6 +89,11 @@ class RunSink:
     job: the job's processes.
     exists: what to do with the files an earlier run left in ``run_dir``
       (``"append"``, ``"overwrite"``, or ``"new"``: there are none).
+    channel: the run's key prefix in a job of several processes
+      (``processes.channel``, taken once a run), or None to take it here.
+    owner: the ``Run`` whose sink this is (in ``users``, held weakly).
+    dir_made: ``run_dir`` was made for this run (removed, emptied of the
+      files its writers made, if the run fails to open).
 
   Attributes:
     id: a number no other sink of this process has.
@@ -58,6 +102,7 @@ class RunSink:
     successor: the sink that replaced this one (a new run of the same
       directory), or None.
     closed: whether rows are refused.
+    users: what can log to it (``Users``).
     tally: how many puts the writer thread has written.
     process: the ``process`` column of this process's rows (None in a job
       of one process).
@@ -70,7 +115,8 @@ class RunSink:
   def __init__(self, name: str, run_dir: pathlib.Path, specs: Iterable,
                params=None, processes: str = "each",
                job: _processes.Job = _processes.Job(None, 1),
-               exists: str = "overwrite"):
+               exists: str = "overwrite", channel: str | None = None,
+               owner=None, dir_made: bool = False):
     self.id = next(_ids)
     self.name = name
     self.dir = run_dir
@@ -91,9 +137,12 @@ class RunSink:
     self.process = job.process
     self._gather: _processes.Gather | None = None
     self._checked: set = set()  # the metrics' names and shapes checked
+    self._channel = channel
+    self.users = Users(owner)
+    self._all_users = [self.users]  # and those of the sinks it replaced
     made: list = []  # the writers this sink made itself (not the user's)
     replaced: list[RunSink] = []
-    created = False  # whether the run's directory was made here
+    created = dir_made  # whether the run's directory was made for it
     try:
       # Everything that can fail before a file is touched (a bad spec, a
       # missing extra, a tracking tool refusing to start, a file where the
@@ -103,7 +152,7 @@ class RunSink:
       plan = self._plan(specs, params, processes, job, exists != "new")
       writers: list = [None] * len(plan)
       if any(files for _, files, _ in plan):
-        created = not self.dir.exists()
+        created = created or not self.dir.exists()
         self.dir.mkdir(parents=True, exist_ok=True)
       for index, (make, files, ours) in enumerate(plan):
         if not files:
@@ -116,6 +165,7 @@ class RunSink:
         for old in replaced:
           with old.lock:
             old.successor = self  # from now on, its rows come here
+            self._all_users += old._all_users  # its Run logs here now
         _open.append(self)
       for old in replaced:
         old.drain()  # its rows written: its writers idle from now on
@@ -188,7 +238,8 @@ class RunSink:
     if job.process is None:
       return [named(w, self.name) for w in specs]
     # Every process numbers its runs of a name alike, whatever it writes.
-    self._channel = _processes.channel(self.name)
+    if self._channel is None:
+      self._channel = _processes.channel(self.name)
     if processes == "each":  # one MLflow / W&B run a process
       return [named(w, f"{self.name}/process_{job.process}") for w in specs]
     if job.process == 0:
@@ -239,6 +290,19 @@ class RunSink:
     while sink.successor is not None:
       sink = sink.successor
     return sink
+
+  def in_use(self) -> bool:
+    """Whether anything can still log to this sink (its ``users``, and
+    those of the sinks it replaced): a ``Run`` object whose rows come here
+    alive, a call site traced for it still registered (the executables
+    compiled from it alive, or its taps not all delivered), or a call made
+    outside ``jit`` not yet delivered."""
+    with Users.lock:
+      in_use = [users.alive() for users in self._all_users]
+      # (a replaced sink's users only die: forgotten once all have)
+      self._all_users[1:] = [u for u, alive in zip(self._all_users[1:],
+                                                   in_use[1:]) if alive]
+      return any(in_use)
 
   def check_metrics(self, shapes: dict[str, tuple]) -> None:
     """Has each writer refuse, when a ``Run.log`` call is traced, metrics
@@ -365,7 +429,38 @@ def dirs_in_use() -> set[pathlib.Path]:
             if s.successor is None and not s.closed}
 
 
+def finish_abandoned() -> list["RunSink"]:
+  """Finishes (flushes and closes) the runs open in this process that
+  nothing can log to any more (``RunSink.in_use``); returns them. Skipped
+  where waiting for the writer thread is not allowed (on it, or in a host
+  function), and for process 0 of a gathered run (its close waits for the
+  other processes: at its ``close()`` or at exit). A failure to close is
+  reported by the next barrier."""
+  if why_waiting_is_forbidden() is not None or writer_thread.shared.is_writer:
+    return []
+  with _open_lock:
+    candidates = [s for s in _open if s.successor is None and not s.closed
+                  and s._gather is None and not s.in_a_forked_child]
+  finished = []
+  for sink in candidates:
+    if sink.in_use():
+      continue
+    with sink.lock:  # one thread finishes it
+      if sink.closed or sink.successor is not None:
+        continue
+      sink.closed = True
+    finished.append(sink)
+    try:
+      sink.drain()
+      sink.close_writers()
+    except Exception as exc:  # noqa: BLE001 - the next barrier reports it
+      errors.postpone(exc, f"finishing {sink!r}, which nothing logs to any "
+                      "more")
+  return finished
+
+
 def _flush_all() -> None:
+  finish_abandoned()
   for sink in list(_open):
     sink.drain()
 
