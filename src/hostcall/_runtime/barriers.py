@@ -52,13 +52,15 @@ def settle() -> None:
 
 def _after_jax_effects_barrier() -> None:
   """``jax.effects_barrier()`` waits for the host calls hostcall took out
-  of JAX's effects as for JAX's own (``settle``: raising nothing, as JAX's
-  barrier raises nothing of its callbacks'), except where it would wait
-  for itself (called from a host function). With nothing on its way to
-  the host it returns at once: JAX's own barrier costs a few
-  microseconds, and code calls it in loops."""
+  of JAX's effects as for JAX's own: until they have run (raising
+  nothing, as JAX's barrier raises nothing of its callbacks'; the barrier
+  hooks, such as the metrics writers' flush, are ``hostcall.barrier()``'s),
+  except where it would wait for itself (called from a host function).
+  With nothing on its way to the host it returns at once: JAX's own
+  barrier costs a few microseconds, and code calls it in loops."""
   if why_waiting_is_forbidden() is None and queue.anything_to_wait_for():
-    settle()
+    queue.wait()
+    dispatch_stdout.forget()
 
 
 _jax_private.on_effects_barrier(_after_jax_effects_barrier)
