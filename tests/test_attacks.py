@@ -441,7 +441,7 @@ def test_asynchronous_taps_are_written_when_sigterm_exits(tmp_path):
   out = tmp_path / "taps.txt"
   child = subprocess.Popen(
       [sys.executable, "-c", textwrap.dedent(f"""
-          import signal, sys, jax, jax.numpy as jnp, hostcall
+          import faulthandler, signal, sys, jax, jax.numpy as jnp, hostcall
           from hostcall import host_callback as hcb
           signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
           sink = open({str(out)!r}, "w")
@@ -451,13 +451,15 @@ def test_asynchronous_taps_are_written_when_sigterm_exits(tmp_path):
           for _ in range(3):
             f(0)
           print("ready", flush=True)
+          # A hang on the way out shows every thread's stack.
+          faulthandler.dump_traceback_later(50, exit=True)
           signal.pause()
           """)],
       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
   assert child.stdout.readline().strip() == "ready"
   child.send_signal(signal.SIGTERM)
-  child.communicate(timeout=60)
-  assert child.returncode == 0
+  _, err = child.communicate(timeout=120)
+  assert child.returncode == 0, err[-8000:]
   assert out.read_text().split() == [str(i) for i in range(1000)] * 3
 
 
