@@ -83,13 +83,19 @@ class FlushTarget(PostponingTarget):
     # (Under a vmap of no lane the count has none: the buffers say it.)
     n = (int(np.asarray(count).reshape(-1)[0]) if np.size(count)
          else np.shape(buffers[0])[len(context.batch_levels)])
-    taps, vectorised = [], []
-    offset = 0
+    every, offset = [], 0
     for tap_target, size, tap_context in zip(self.targets, self.sizes,
                                              self._contexts(context)):
-      tap = (tap_target, buffers[offset:offset + size], tap_context)
-      (taps if tap_target.deliver_steps is None else vectorised).append(tap)
+      every.append((tap_target, buffers[offset:offset + size], tap_context))
       offset += size
+    vectorised = [t for t in every if t[0].deliver_steps is not None]
+    if len(vectorised) > 1:
+      # Several vectorised taps (two Run.log calls a step) may share what
+      # each call changes (a run's next step): step by step, in program
+      # order, as the loop made them.
+      taps, vectorised = every, []
+    else:
+      taps = [t for t in every if t[0].deliver_steps is None]
     # One host function call per tap per step, each under its own failure
     # policy (calls.deliver), as if the loop had called it there: a tap's
     # failure is postponed and the chunk goes on; a call that fails its
