@@ -5,6 +5,7 @@ user's function; a PRNG key print taken out; call_context()'s key for the
 axis of a pmap without axis_name."""
 
 import functools
+import inspect
 import logging
 
 import jax
@@ -190,10 +191,19 @@ def _closing_over(callback):
   return users
 
 
+#: Whether this JAX's jax.debug.callback takes its options first, the
+#: function in a second call.
+_TWO_CALL_FORM = "callback" not in [
+    p for p, v in inspect.signature(jax.debug.callback).parameters.items()
+    if v.default is inspect.Parameter.empty]
+
 CALLS = {
     "jax.debug.callback": lambda x: jax.debug.callback(my_cb, x),
     "hostcall.debug_callback": lambda x: hostcall.debug_callback(my_cb, x),
-    "two-call form": lambda x: jax.debug.callback(ordered=True)(my_cb, x),
+    # (The two-call form is JAX's since 0.9: a plain call before.)
+    "two-call form": lambda x: (
+        jax.debug.callback(ordered=True)(my_cb, x) if _TWO_CALL_FORM
+        else jax.debug.callback(my_cb, x, ordered=True)),
     "partial": lambda x: jax.debug.callback(functools.partial(my_cb), x),
     "vmapped": lambda x: jax.vmap(
         lambda v: jax.debug.callback(my_cb, v))(jnp.stack([x, x])),

@@ -822,7 +822,12 @@ def test_pmap_default_axis_name_is_the_one_jax_gives_an_unnamed_pmap():
     return x
 
   jax.pmap(body)(jnp.zeros(1))
-  assert seen == [(_jax_private.PMAP_DEFAULT_AXIS_NAME,)]
+  assert len(seen) == 1 and len(seen[0]) == 1
+  assert _jax_private.is_unnamed_pmap_axis(seen[0][0])
+  assert not _jax_private.is_unnamed_pmap_axis("i")
+  # Since JAX 0.9 the name is this string.
+  assert _jax_private.is_unnamed_pmap_axis(
+      _jax_private.PMAP_DEFAULT_AXIS_NAME)
 
 
 def test_source_context_of_stages_with_the_equations_user_frame():

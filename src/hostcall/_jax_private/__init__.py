@@ -44,6 +44,7 @@ from hostcall._jax_private.sharding import (SPMDAxisContext, ShardingContext,
                                             require_devices_during_lowering,
                                             collective_axis_names,
                                             PMAP_DEFAULT_AXIS_NAME,
+                                            is_unnamed_pmap_axis,
                                             device_assignment,
                                             distributed_client)
 from hostcall._jax_private.transforms import (cache_weakly, debug_print_writer,

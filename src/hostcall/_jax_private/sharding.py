@@ -148,8 +148,18 @@ def collective_axis_names() -> tuple:
 
 #: The name ``jax.pmap`` gives its axis where the user names none
 #: (``axis_name=None``): a name of JAX's own, which ``call_context()``
-#: shows as ``None`` instead.
+#: shows as ``None`` instead (before JAX 0.9, an object of its own class,
+#: ``_TempAxisName``, one a function).
 PMAP_DEFAULT_AXIS_NAME = "_internal_pmap_axis_name"
+_TEMP_AXIS_NAME = getattr(_core, "_TempAxisName", None)
+
+
+def is_unnamed_pmap_axis(name) -> bool:
+  """Whether ``name`` is the one ``jax.pmap`` gives an axis the user did
+  not name (``PMAP_DEFAULT_AXIS_NAME``, or a ``_TempAxisName``)."""
+  return (isinstance(name, str) and name == PMAP_DEFAULT_AXIS_NAME
+          or _TEMP_AXIS_NAME is not None
+          and isinstance(name, _TEMP_AXIS_NAME))
 
 
 def device_assignment(sharding) -> tuple:

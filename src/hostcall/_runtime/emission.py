@@ -147,7 +147,7 @@ def mesh_indices(ctx) -> list[dict]:
   mesh = getattr(axis_context, "mesh", None)
   if mesh is None:
     return []
-  names = [None if n == _jax_private.PMAP_DEFAULT_AXIS_NAME else n
+  names = [None if _jax_private.is_unnamed_pmap_axis(n) else n
            for n in mesh.axis_names]
   manual = getattr(axis_context, "manual_axes", None)
   mapped = [i for i, n in enumerate(mesh.axis_names)
