@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import re
 
 from jax.extend.mlir.dialects import sdy as _sdy
 from jax._src import callback as _callback
@@ -156,10 +157,12 @@ _TEMP_AXIS_NAME = getattr(_core, "_TempAxisName", None)
 
 def is_unnamed_pmap_axis(name) -> bool:
   """Whether ``name`` is the one ``jax.pmap`` gives an axis the user did
-  not name (``PMAP_DEFAULT_AXIS_NAME``, or a ``_TempAxisName``)."""
-  return (isinstance(name, str) and name == PMAP_DEFAULT_AXIS_NAME
-          or _TEMP_AXIS_NAME is not None
-          and isinstance(name, _TEMP_AXIS_NAME))
+  not name (``PMAP_DEFAULT_AXIS_NAME``, or a ``_TempAxisName``, which
+  the axis environment may hand on as its text, ``<axis 0x...>``)."""
+  if isinstance(name, str):
+    return (name == PMAP_DEFAULT_AXIS_NAME
+            or re.fullmatch(r"<axis 0x[0-9a-f]+>", name) is not None)
+  return _TEMP_AXIS_NAME is not None and isinstance(name, _TEMP_AXIS_NAME)
 
 
 def device_assignment(sharding) -> tuple:
