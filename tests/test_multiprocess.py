@@ -5,42 +5,23 @@ import importlib.util
 import json
 import os
 import pathlib
-import socket
 import subprocess
 import sys
 
 import pytest
 
 from hostcall import metrics
+from tests.helpers import free_port, run_python_processes
 
 WORKER = pathlib.Path(__file__).parent / "multiprocess" / "worker.py"
 
 
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
 def _run_processes(tmp_path, n=2, timeout=240):
-  port = _free_port()
-  procs = [subprocess.Popen(
-      [sys.executable, str(WORKER), str(port), str(n), str(i), str(tmp_path)],
-      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-      for i in range(n)]
-  outputs = []
-  try:
-    for p in procs:
-      outputs.append(p.communicate(timeout=timeout))
-  except subprocess.TimeoutExpired:
-    pytest.fail("a process did not finish in time")
-  finally:
-    for p in procs:  # a failed or hung peer never outlives the test
-      if p.poll() is None:
-        p.kill()
-        p.wait()
-  for i, (p, (out, err)) in enumerate(zip(procs, outputs)):
-    assert p.returncode == 0, f"process {i}:\n{err[-4000:]}"
+  port = free_port()
+  outputs = run_python_processes(
+      WORKER.read_text(), [[port, n, i, tmp_path] for i in range(n)],
+      timeout=timeout)
+  for i, out in enumerate(outputs):
     assert f"process {i} done" in out
   return [[json.loads(line) for line in
            (tmp_path / f"taps-{i}.jsonl").read_text().splitlines()]
@@ -142,7 +123,7 @@ def test_steered_loops_stop_in_every_process_after_the_same_check(tmp_path):
 
 
 def test_a_failing_peer_is_reported_and_nothing_hangs(tmp_path):
-  port = _free_port()
+  port = free_port()
   # Only one of two processes starts: the other never joins.
   proc = subprocess.Popen(
       [sys.executable, str(WORKER), str(port), "2", "0", str(tmp_path), "5"],
@@ -165,7 +146,7 @@ def _launch_pair(script, args, envs=({}, {})):
   its ``envs`` entry added; ``(procs, [(stdout, stderr)])`` once both
   ended. A process still running after two minutes (waiting for a failed
   peer) fails the test, and no process outlives it."""
-  port = _free_port()
+  port = free_port()
   procs = [subprocess.Popen(
       [sys.executable, str(script), str(port), "2", str(i), *args],
       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -43,8 +43,7 @@ def settle() -> None:
   the barrier hooks (rows flushed, orphaned bars closed); raises nothing."""
   _local.started = time.monotonic()
   try:
-    queue.wait()
-    dispatch_stdout.forget()
+    _deliver_everything()
     run_hooks(_hooks)
   finally:
     _local.started = None
@@ -59,8 +58,14 @@ def _after_jax_effects_barrier() -> None:
   With nothing on its way to the host it returns at once: JAX's own
   barrier costs a few microseconds, and code calls it in loops."""
   if why_waiting_is_forbidden() is None and queue.anything_to_wait_for():
-    queue.wait()
-    dispatch_stdout.forget()
+    _deliver_everything()
+
+
+def _deliver_everything() -> None:
+  """Waits for every call started so far to have run on the host; the
+  next dispatch then notes ``sys.stdout`` afresh."""
+  queue.wait()
+  dispatch_stdout.forget()
 
 
 _jax_private.on_effects_barrier(_after_jax_effects_barrier)
