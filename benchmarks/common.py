@@ -22,6 +22,33 @@ X = jnp.eye(64, dtype=jnp.float32) * 0.5
 EVERY = 256  # hostcall.scan's chunk in the loop-buffered rows
 
 
+#: The speed targets, numbered as docs/performance.md's tables and history
+#: call them ("row 7"). The harness prints each of a target's rows with its
+#: number in front, and a note that points at another row names it with
+#: ``numbered``: the numbers are assigned here only. The rows that measure
+#: no target (the plain scan, JAX's own callbacks) have none.
+TARGETS = {
+    "default tap": 1,
+    "loop-buffered tap": 2,
+    "async tap": 3,
+    "one tap a call": 4,
+    "1 MiB async tap": 5,
+    "busy main thread": 6,
+    "progress bar and metrics": 7,
+    "peers": 8,
+    "steered loops": 9,
+    "backward pass": 10,
+    "tracking writers": 11,
+    "hostcall.jit": 12,
+}
+
+
+def numbered(target: str | None, name: str) -> str:
+  """``name`` as printed among ``target``'s rows ("7. progress bar ...");
+  unchanged for a reference row (``target`` None)."""
+  return name if target is None else f"{TARGETS[target]}. {name}"
+
+
 def noop(*args, **kwargs):
   return None
 

@@ -2,10 +2,13 @@
 (``make bench``, or ``hostcall bench`` from a source checkout).
 
 The rows are in ``rows_taps``, ``rows_apps`` and ``rows_jit`` (one function
-each, or one for rows measured together). Most rows time a jitted
-``lax.scan`` whose step is one 64x64 float32 matmul (plus ``tanh``), with
-and without host calls, and report microseconds per step and the ratio to
-the same scan without callbacks (or to the quantity the target names).
+each, or one for rows measured together), each named by what it measures;
+``ROWS`` below says which speed target each function's rows measure, and
+``common.TARGETS`` numbers the targets as docs/performance.md calls them.
+Most rows time a jitted ``lax.scan`` whose step is one 64x64 float32 matmul
+(plus ``tanh``), with and without host calls, and report microseconds per
+step and the ratio to the same scan without callbacks (or to the quantity
+the target names).
 Results go to the terminal, to ``<out>/latest.json`` and, when matplotlib
 is installed, to ``<out>/latest.png``.
 """
@@ -24,23 +27,41 @@ import hostcall
 import rows_apps
 import rows_jit
 import rows_taps
-from common import Bench
+from common import Bench, numbered
 
-#: Every row, in the order printed.
-ROWS = (rows_taps.plain_scan, rows_taps.jax_references, rows_taps.default_tap,
-        rows_taps.ordered_vs_unordered, rows_taps.loop_buffered,
-        rows_taps.async_device_side, rows_taps.async_dispatch,
-        rows_taps.async_slow_host, rows_taps.one_tap_per_call,
-        rows_taps.big_async_tap, rows_taps.busy_main_thread,
-        rows_apps.progress_bar, rows_apps.metrics_rows, rows_apps.peers,
-        rows_apps.steered_loops, rows_apps.backward_pass,
-        rows_apps.tracking_writers, rows_jit.jit_rows)
+#: Every function of rows, in the order printed, with the speed target its
+#: rows measure (numbered in ``common.TARGETS``; None: a reference).
+ROWS = (
+    (None, rows_taps.plain_scan),
+    (None, rows_taps.jax_references),
+    ("default tap", rows_taps.default_tap),
+    ("default tap", rows_taps.ordered_vs_unordered),
+    ("loop-buffered tap", rows_taps.loop_buffered),
+    ("async tap", rows_taps.async_device_side),
+    ("async tap", rows_taps.async_dispatch),
+    ("async tap", rows_taps.async_slow_host),
+    ("one tap a call", rows_taps.one_tap_per_call),
+    ("1 MiB async tap", rows_taps.big_async_tap),
+    ("busy main thread", rows_taps.busy_main_thread),
+    ("progress bar and metrics", rows_apps.progress_bar),
+    ("progress bar and metrics", rows_apps.metrics_rows),
+    ("peers", rows_apps.peers),
+    ("steered loops", rows_apps.steered_loops),
+    ("backward pass", rows_apps.backward_pass),
+    ("tracking writers", rows_apps.tracking_writers),
+    ("hostcall.jit", rows_jit.jit_rows),
+)
 
 
 def measure(steps: int, repeats: int) -> list[dict]:
-  """Every row, measured against the same plain scan."""
+  """Every row, measured against the same plain scan, each named with its
+  target's number."""
   bench = Bench(steps, repeats)
-  return [row for rows_of in ROWS for row in rows_of(bench)]
+  rows = []
+  for target, rows_of in ROWS:
+    for r in rows_of(bench):
+      rows.append({**r, "row": numbered(target, r["row"])})
+  return rows
 
 
 def _print(rows, steps, repeats) -> None:

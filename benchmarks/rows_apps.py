@@ -16,11 +16,14 @@ from jax.experimental import io_callback
 
 import hostcall
 
-from common import Bench, EVERY, X, matmul_step, median_time, noop, row
+from common import (Bench, EVERY, X, matmul_step, median_time, noop, numbered,
+                    row)
+
+PROGRESS = "progress bar and metrics"  # the target the peers are compared to
 
 
 def progress_bar(b: Bench) -> list[dict]:
-  """7. A progress bar (a few percent: three times the repeats)."""
+  """A progress bar (a few percent: three times the repeats)."""
   def step(carry, _):
     return matmul_step(carry), None
 
@@ -29,14 +32,14 @@ def progress_bar(b: Bench) -> list[dict]:
   us, ratio = b.paired(fn, repeats=3 * b.repeats)
   _, effectful = b.paired(fn, repeats=3 * b.repeats,
                           base_fn=b.effectful_base_fn)
-  return [row("7. progress bar (hostcall.progress.scan)", us, ratio, 1.1,
+  return [row("progress bar (hostcall.progress.scan)", us, ratio, 1.1,
                "a tick every 1% of the loop"),
-          row("7. ... progress bar / effectful dispatch", us, effectful,
+          row("... progress bar / effectful dispatch", us, effectful,
                None, "vs the plain scan with one jax.debug.callback")]
 
 
 def metrics_rows(b: Bench) -> list[dict]:
-  """7. Per-step metrics, against XLA's floor (the same values as ys), and
+  """Per-step metrics, against XLA's floor (the same values as ys), and
   with a progress bar (the demo's loop)."""
   repeats = 3 * b.repeats
   rows = []
@@ -62,58 +65,56 @@ def metrics_rows(b: Bench) -> list[dict]:
     floor = jax.jit(lambda x: jax.lax.scan(stacked_step, (0, x), None,
                                            length=b.steps)[1])
     floor_us, floor_ratio = b.paired(floor, repeats=repeats)
-    rows.append(row("7. floor: lax.scan returning the logged values as ys",
+    rows.append(row("floor: lax.scan returning the logged values as ys",
                      floor_us, floor_ratio, None,
                      "reference: XLA stacks them, no callback"))
-    rows.append(row("7. per-step metrics in lax.scan (a tap a step)",
+    rows.append(row("per-step metrics in lax.scan (a tap a step)",
                      *b.paired(logged(jax.lax.scan), repeats=repeats), None,
                      "reference"))
     us, ratio = b.paired(logged(hostcall.scan, every=EVERY), repeats=repeats)
-    rows.append(row(f"7. per-step metrics (hostcall.scan, every={EVERY})",
+    rows.append(row(f"per-step metrics (hostcall.scan, every={EVERY})",
                      us, ratio, None, "JSON Lines; ratio to the plain scan"))
     # The target is against XLA's own cost of the same values as ys.
-    rows.append(row("7. ... per-step metrics / the floor", us,
+    rows.append(row("... per-step metrics / the floor", us,
                      ratio / floor_ratio, 1.1, "ratio to the floor row"))
     fn = logged(hostcall.progress.scan, file=io.StringIO())
     us, ratio = b.paired(fn, repeats=repeats)
-    rows.append(row("7. progress bar + per-step metrics (progress.scan)",
+    rows.append(row("progress bar + per-step metrics (progress.scan)",
                      us, ratio, 1.2, "chunks of 1% of the loop"))
     _, effectful = b.paired(fn, repeats=repeats,
                             base_fn=b.effectful_base_fn)
-    rows.append(row("7. ... progress bar + metrics / effectful dispatch", us,
+    rows.append(row("... progress bar + metrics / effectful dispatch", us,
                      effectful, None,
                      "vs the plain scan with one jax.debug.callback"))
     # The same loop under hostcall.jit: on one CPU device the bar's events
-    # and the rows are queued without a JAX effect (issue 23). Its target
-    # row stops the clock once every host call is delivered and every row
-    # written, as issue 23's rows do.
+    # and the rows are queued without a JAX effect. Its target row stops
+    # the clock once every host call is delivered and every row written
+    # (what the user waits for), against XLA's floor paired in the same run.
     jitted = logged(hostcall.progress.scan, jit=hostcall.jit,
                     file=io.StringIO())
-    # Issue 42's target: end to end (every call delivered, every row
-    # written) against XLA's floor, the two paired in the same run.
     us, ratio = b.paired(jitted, repeats=repeats, delivered=True,
                          base_fn=floor)
-    rows.append(row("7. progress bar + per-step metrics under hostcall.jit",
+    rows.append(row("progress bar + per-step metrics under hostcall.jit",
                      us, ratio, 1.1, "every call delivered, rows written; "
                      "ratio to the floor row"))
     us, ratio = b.paired(jitted, repeats=repeats)
-    rows.append(row("7. ... under hostcall.jit, device side", us, ratio,
+    rows.append(row("... under hostcall.jit, device side", us, ratio,
                      None, "the queue drained after the timing"))
     # What hostcall adds to XLA's own cost of the same values (the floor).
-    rows.append(row("7. ... under hostcall.jit, device side / the floor",
+    rows.append(row("... under hostcall.jit, device side / the floor",
                      us, ratio / floor_ratio, None, "ratio to the floor row"))
     # The barrier waits until every row is written.
     e2e = median_time(lambda: (fn(X).block_until_ready(), hostcall.barrier()),
                        b.repeats)
     run.close()
-    rows.append(row("7. ... end to end, rows written / plain scan",
+    rows.append(row("... end to end, rows written / plain scan",
                      e2e / b.steps * 1e6, e2e / (b.base * b.steps / 1e6),
                      None, "JSON Lines on disk"))
   return rows
 
 
 def peers(b: Bench) -> list[dict]:
-  """8. What users pick instead, measured in the same run: jax-tqdm's bar
+  """What users pick instead, measured in the same run: jax-tqdm's bar
   (against ``progress.scan``) and a JAX ``io_callback`` writing JSON Lines
   each step (against ``hostcall.metrics`` in ``hostcall.scan``)."""
   repeats = 3 * b.repeats
@@ -121,7 +122,7 @@ def peers(b: Bench) -> list[dict]:
   try:
     from jax_tqdm import scan_tqdm
   except ImportError:
-    rows.append(row("8. peer: jax-tqdm scan_tqdm", None, None, None,
+    rows.append(row("peer: jax-tqdm scan_tqdm", None, None, None,
                      "not installed: pip install 'hostcall[bench]'"))
   else:
     def peer_step(carry, i):
@@ -129,9 +130,9 @@ def peers(b: Bench) -> list[dict]:
     bar = scan_tqdm(b.steps, print_rate=max(1, b.steps // 100),
                     file=io.StringIO())(peer_step)
     fn = jax.jit(lambda x: jax.lax.scan(bar, x, jnp.arange(b.steps))[0])
-    rows.append(row("8. peer: jax-tqdm scan_tqdm (a tick every 1%)",
+    rows.append(row("peer: jax-tqdm scan_tqdm (a tick every 1%)",
                      *b.paired(fn, repeats=repeats), None,
-                     "compare: 7. progress bar"))
+                     f"compare: {numbered(PROGRESS, 'progress bar')}"))
   with tempfile.TemporaryDirectory() as root:
     out = open(f"{root}/peer.jsonl", "w")
 
@@ -147,15 +148,15 @@ def peers(b: Bench) -> list[dict]:
 
     fn = jax.jit(lambda x: jax.lax.scan(logged_step, (0, x), None,
                                         length=b.steps)[0][1])
-    rows.append(row("8. peer: JAX io_callback writing JSON Lines each step",
+    rows.append(row("peer: JAX io_callback writing JSON Lines each step",
                      *b.paired(fn, repeats=repeats), None,
-                     "compare: 7. per-step metrics"))
+                     f"compare: {numbered(PROGRESS, 'per-step metrics')}"))
     out.close()
   return rows
 
 
 def steered_loops(b: Bench) -> list[dict]:
-  """9. Loops the host can stop (``hostcall.control``): a check every 1%
+  """Loops the host can stop (``hostcall.control``): a check every 1%
   of the loop, against the plain scan."""
   repeats = 3 * b.repeats
 
@@ -168,25 +169,25 @@ def steered_loops(b: Bench) -> list[dict]:
         **options).value[0])
 
   return [
-      row("9. interruptible loop, no bar (Ctrl-C, time limit)",
+      row("interruptible loop, no bar (Ctrl-C, time limit)",
            *b.paired(steered(disable=True, interruptible=True,
                              time_limit=3600.0), repeats=repeats), 1.05,
            "a check every 1% of the loop"),
-      row("9. ... with a progress bar",
+      row("... with a progress bar",
            *b.paired(steered(file=io.StringIO(), interruptible=True,
                              time_limit=3600.0), repeats=repeats), 1.1,
-           "compare: 7. progress bar"),
-      row("9. ... stopped by a host predicate (stop_when)",
+           f"compare: {numbered(PROGRESS, 'progress bar')}"),
+      row("... stopped by a host predicate (stop_when)",
            *b.paired(steered(disable=True, stop_when=lambda status: False),
                      repeats=repeats), 1.1,
            "the predicate runs after each tick"),
-      row("9. steered while_loop with a bar under hostcall.jit",
+      row("steered while_loop with a bar under hostcall.jit",
            *b.paired(_steered_while(b.steps), repeats=repeats,
                      base_fn=jax.jit(lambda x: jax.lax.while_loop(
                          lambda c: c[0] < b.steps,
                          lambda c: (c[0] + 1, matmul_step(c[1])),
                          (0, x))[1]), delivered=True), 1.1,
-           "issue 42; ratio to the plain while_loop, every tick drawn"),
+           "ratio to the plain while_loop, every tick drawn"),
   ]
 
 
@@ -201,7 +202,7 @@ def _steered_while(steps: int):
 
 
 def backward_pass(b: Bench) -> list[dict]:
-  """10. One ``grad_callback`` a step on the carry (its 64x64 cotangent,
+  """One ``grad_callback`` a step on the carry (its 64x64 cotangent,
   16 KiB) in the scan under ``grad``, asynchronous, against the same
   backward pass without it; and one ``Run.log_grad`` a step (its norm)."""
   repeats = 3 * b.repeats
@@ -216,25 +217,25 @@ def backward_pass(b: Bench) -> list[dict]:
       lambda c: hostcall.grad_callback(noop, c)))))
   rows = []
   us, ratio = b.paired(watched, repeats=repeats, base_fn=plain)
-  rows.append(row("10. grad_callback a step under grad, async, end to end",
+  rows.append(row("grad_callback a step under grad, async, end to end",
                    us, ratio, 1.2,
                    "16 KiB cotangent a step; ratio to the same backward pass "
                    "without it, every call delivered"))
   us, ratio = b.paired(watched, drain=False, repeats=repeats, base_fn=plain)
-  rows.append(row("10. ... device side", us, ratio, None,
+  rows.append(row("... device side", us, ratio, None,
                    "the queue drained after the timing"))
   with tempfile.TemporaryDirectory() as root:
     run = hostcall.metrics.Run("bench-grad", root=root)
     logged = jax.jit(jax.grad(loss(lambda c: run.log_grad(c=c))))
     us, ratio = b.paired(logged, repeats=repeats, base_fn=plain)
     run.close()
-  rows.append(row("10. Run.log_grad a step (the norm), rows written", us,
+  rows.append(row("Run.log_grad a step (the norm), rows written", us,
                    ratio, None, "ratio to the same backward pass without it"))
   return rows
 
 
 def tracking_writers(b: Bench) -> list[dict]:
-  """11. Per-step metrics (in ``hostcall.scan``) through the MLflow writer,
+  """Per-step metrics (in ``hostcall.scan``) through the MLflow writer,
   to a SQLite tracking store, against the JSON Lines writer: the device
   side (the writer thread keeps the device from waiting either way) and
   the host's drain (from the computation's end until every row is
@@ -242,7 +243,7 @@ def tracking_writers(b: Bench) -> list[dict]:
   try:
     import mlflow  # noqa: F401
   except ImportError:
-    return [row("11. per-step metrics, MLflow writer", None, None, None,
+    return [row("per-step metrics, MLflow writer", None, None, None,
                  "not installed: pip install 'hostcall[mlflow]'")]
   repeats = 3 * b.repeats
   rows, device = [], {}
@@ -266,7 +267,7 @@ def tracking_writers(b: Bench) -> list[dict]:
       # Device side: the rows are drained after the timings, not between.
       us, ratio = b.paired(fn, drain=False, repeats=repeats)
       device[label] = ratio
-      rows.append(row(f"11. per-step metrics, {label} writer (device side)",
+      rows.append(row(f"per-step metrics, {label} writer (device side)",
                        us, ratio, None, f"hostcall.scan, every={EVERY}"))
       drains = []
       for _ in range(b.repeats):
@@ -275,12 +276,12 @@ def tracking_writers(b: Bench) -> list[dict]:
         hostcall.barrier()
         drains.append(time.perf_counter() - start)
       drain = statistics.median(drains)
-      rows.append(row(f"11. ... host drain, {label}", drain / b.steps * 1e6,
+      rows.append(row(f"... host drain, {label}", drain / b.steps * 1e6,
                        None, None,
                        f"{drain * 1e3:.1f} ms to store {b.steps} rows after "
                        "the computation ended (us_per_step: per row)"))
       run.close()
-  rows.append(row("11. ... MLflow / JSON Lines, device side",
+  rows.append(row("... MLflow / JSON Lines, device side",
                    None, device["MLflow"] / device["JSON Lines"], 1.1,
                    "the writer thread keeps the device from waiting"))
   return rows

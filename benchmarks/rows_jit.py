@@ -6,6 +6,7 @@ call is delivered (and every row written) before the clock stops."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import statistics
 import tempfile
@@ -17,6 +18,8 @@ import numpy as np
 
 import hostcall
 from hostcall._jit import jitted as jit_module
+
+from common import row
 
 CALLS = 2000
 METRICS = 10
@@ -62,11 +65,6 @@ def _paired(fn, base, repeats: int) -> tuple[float, float]:
   return statistics.median(times) * 1e6, statistics.median(ratios)
 
 
-def _row(name, us, ratio, target, note="") -> dict:
-  return {"row": name, "us_per_step": us, "ratio": ratio, "target": target,
-          "pass": None if target is None else ratio <= target, "note": note}
-
-
 def _step(x, i):
   del i
   return jnp.tanh(x)
@@ -77,80 +75,122 @@ def _uses_the_step(x, i):
 
 
 def jit_rows(b) -> list[dict]:
-  """12. hostcall.jit: a jitted step with a print or metrics (issue 23)."""
-  # A row with a target: 21 paired runs (its median swings by about 0.04
-  # over 7 on this box); a reference row: 7.
-  repeats, reference = 3 * b.repeats, max(3, b.repeats)
-  base = _loop_time(jax.jit(_step), CALLS)
-  rows = [_row("12. plain jitted step (16-float tanh), Python loop",
-               statistics.median(base() for _ in range(3)) * 1e6, 1.0, None)]
+  """hostcall.jit: a jitted step with a callback, a print or metrics, each
+  against the plain step and against the floor of the same work done
+  without a host call."""
+  loops = _Loops(b)
+  rows = [loops.plain_row()]
+  callbacks = _callback_rows(loops)
+  rows += callbacks
+  rows.append(_loop_step_row(loops))
+  rows += _user_code_rows(loops)
+  rows.append(_outputs_row(loops))
+  rows += _callback_floor_rows(loops, hostcall_jit=callbacks[-1])
+  rows += _metrics_rows(loops)
+  return rows
 
-  def tapped(debug_callback):
-    def step(x, i):
-      debug_callback(_noop, x[0])
-      return jnp.tanh(x)
-    return step
 
-  for name, jit, callback, target in (
-      ("jax.jit + jax.debug.callback", jax.jit, jax.debug.callback, None),
-      ("jax.jit + hostcall.debug_callback", jax.jit,
-       hostcall.debug_callback, None),
-      ("hostcall.jit + hostcall.debug_callback", hostcall.jit,
-       hostcall.debug_callback, 1.5)):
-    us, ratio = _paired(_loop_time(jit(tapped(callback)), CALLS), base,
-                        reference if target is None else repeats)
-    rows.append(_row(f"12. one callback a call, {name}", us, ratio, target,
-                     "reference" if target is None else ""))
-  # (The floor row below divides hostcall.jit's row, the last of these.)
-  jit_us, jit_ratio = us, ratio
+class _Loops:
+  """What the rows are measured against: the plain step's loop, and the
+  plain step that takes the loop's Python int, each timed by the same
+  loop of ``CALLS`` calls."""
 
-  # The loop's step passed as an argument (issue 42): JAX moves the Python
-  # int to the device each call, which costs the plain step as much ("a
-  # plain step that uses the loop's step", below), so that such a row is
-  # paired with that plain step, which takes the same argument.
+  def __init__(self, b):
+    # A row with a target takes three times the paired runs of a reference
+    # row: its median swings less (docs/performance.md, its first lines).
+    self.repeats, self.reference = 3 * b.repeats, max(3, b.repeats)
+    self.base = _loop_time(jax.jit(_step), CALLS)
+
+  @functools.cached_property
+  def base_at(self):
+    """JAX moves the loop's Python int to the device each call, which costs
+    the plain step as much: a step that takes it is paired with this one."""
+    return _loop_time(jax.jit(_uses_the_step), CALLS)
+
+  def plain_row(self) -> dict:
+    return row("plain jitted step (16-float tanh), Python loop",
+               statistics.median(self.base() for _ in range(3)) * 1e6, 1.0,
+               None)
+
+  def measure(self, name, step, target=None, note=None, base=None,
+              finish=None) -> dict:
+    """The row of a loop over ``step`` (``finish``: what the loop does with
+    the outputs), paired with ``base`` (the plain step's loop)."""
+    us, ratio = _paired(_loop_time(step, CALLS, finish), base or self.base,
+                        self.reference if target is None else self.repeats)
+    if note is None:
+      note = "reference" if target is None else ""
+    return row(name, us, ratio, target, note)
+
+
+def _tapped(debug_callback):
+  def step(x, i):
+    debug_callback(_noop, x[0])
+    return jnp.tanh(x)
+  return step
+
+
+def _callback_rows(loops: _Loops) -> list[dict]:
+  """One callback a call, under ``jax.jit`` and ``hostcall.jit``."""
+  return [loops.measure(f"one callback a call, {name}",
+                        jit(_tapped(callback)), target)
+          for name, jit, callback, target in (
+              ("jax.jit + jax.debug.callback", jax.jit, jax.debug.callback,
+               None),
+              ("jax.jit + hostcall.debug_callback", jax.jit,
+               hostcall.debug_callback, None),
+              ("hostcall.jit + hostcall.debug_callback", hostcall.jit,
+               hostcall.debug_callback, 1.5))]
+
+
+def _loop_step_row(loops: _Loops) -> dict:
+  """The callback given the loop's step too, paired with the plain step
+  that takes it (``_Loops.base_at``)."""
   def step_tapped(x, i):
     hostcall.debug_callback(_noop, i, x[0])
     return jnp.tanh(x)
 
-  base_at = _loop_time(jax.jit(_uses_the_step), CALLS)
-  us, ratio = _paired(_loop_time(hostcall.jit(step_tapped), CALLS), base_at,
-                      repeats)
-  rows.append(_row("12. ... with the loop's step, against the plain step "
-                   "that takes it", us, ratio, 1.5,
-                   "hostcall.jit + hostcall.debug_callback(f, i, x[0])"))
-  # The user's code unchanged: JAX's own jax.debug.print and
-  # jax.debug.callback, under jax.jit and under hostcall.jit (issue 42),
-  # printing to a file nobody reads so that the terminal costs nothing.
+  return loops.measure(
+      "... with the loop's step, against the plain step that takes it",
+      hostcall.jit(step_tapped), 1.5,
+      "hostcall.jit + hostcall.debug_callback(f, i, x[0])",
+      base=loops.base_at)
+
+
+def _user_code_rows(loops: _Loops) -> list[dict]:
+  """The user's code unchanged: JAX's own ``jax.debug.print`` and
+  ``jax.debug.callback``, under ``jax.jit`` and under ``hostcall.jit``,
+  printing to a file nobody reads so that the terminal costs nothing."""
   def jax_printed(x, i):
     jax.debug.print("x0={}", x[0])
     return jnp.tanh(x)
 
   with open(os.devnull, "w") as devnull, \
       contextlib.redirect_stdout(devnull):
-    for name, jit, step, target in (
-        ("jax.debug.print, jax.jit", jax.jit, jax_printed, None),
-        ("jax.debug.print, hostcall.jit", hostcall.jit, jax_printed, 1.5),
-        ("jax.debug.callback, jax.jit", jax.jit,
-         tapped(jax.debug.callback), None),
-        ("jax.debug.callback, hostcall.jit", hostcall.jit,
-         tapped(jax.debug.callback), 1.5)):
-      us, ratio = _paired(_loop_time(jit(step), CALLS), base,
-                          reference if target is None else repeats)
-      rows.append(_row(f"12. one {name} a call (the user's code)", us,
-                       ratio, target, "reference" if target is None else ""))
+    return [loops.measure(f"one {name} a call (the user's code)", jit(step),
+                          target)
+            for name, jit, step, target in (
+                ("jax.debug.print, jax.jit", jax.jit, jax_printed, None),
+                ("jax.debug.print, hostcall.jit", hostcall.jit, jax_printed,
+                 1.5),
+                ("jax.debug.callback, jax.jit", jax.jit,
+                 _tapped(jax.debug.callback), None),
+                ("jax.debug.callback, hostcall.jit", hostcall.jit,
+                 _tapped(jax.debug.callback), 1.5))]
 
-  # hostcall.jit's other way, where calls cannot be queued from the device
-  # (an accelerator, several devices): the calls as outputs.
+
+def _outputs_row(loops: _Loops) -> dict:
+  """hostcall.jit's other way, where calls cannot be queued from the device
+  (an accelerator, several devices): the calls as outputs."""
   with _calls_as_outputs():
-    outputs_us, outputs_ratio = _paired(
-        _loop_time(hostcall.jit(tapped(hostcall.debug_callback)), CALLS),
-        base, reference)
-  rows.append(_row("12. ... the same with the calls as outputs (as on an "
-                   "accelerator)", outputs_us, outputs_ratio, None,
-                   "reference"))
+    return loops.measure(
+        "... the same with the calls as outputs (as on an accelerator)",
+        hostcall.jit(_tapped(hostcall.debug_callback)))
 
-  # The floor: the step returns the value, and the loop calls the function
-  # on each call's value itself.
+
+def _callback_floor_rows(loops: _Loops, hostcall_jit: dict) -> list[dict]:
+  """The floor: the step returns the value, and the loop calls the function
+  on each call's value itself; and ``hostcall_jit``'s row against it."""
   def returned_value(x, i):
     return jnp.tanh(x), x[0]
 
@@ -158,66 +198,73 @@ def jit_rows(b) -> list[dict]:
     for o in outs:
       _noop(np.asarray(o[1]))
 
-  floor_us, floor_ratio = _paired(
-      _loop_time(jax.jit(returned_value), CALLS, finish=call_each), base,
-      reference)
-  rows.append(_row("12. floor: the step returns the value, the loop calls "
-                   "the function", floor_us, floor_ratio, None, "reference"))
-  rows.append(_row("12. ... hostcall.jit callback / the floor", jit_us,
-                   jit_ratio / floor_ratio, None, "ratio to the floor row"))
+  floor = loops.measure(
+      "floor: the step returns the value, the loop calls the function",
+      jax.jit(returned_value), finish=call_each)
+  return [floor, row("... hostcall.jit callback / the floor",
+                     hostcall_jit["us_per_step"],
+                     hostcall_jit["ratio"] / floor["ratio"], None,
+                     "ratio to the floor row")]
 
+
+def _metrics_rows(loops: _Loops) -> list[dict]:
+  """``METRICS`` metrics a call with ``Run.log`` under ``hostcall.jit``,
+  against the plain step and against the floor."""
   names = [f"m{k}" for k in range(METRICS)]
   with tempfile.TemporaryDirectory() as root:
     run = hostcall.metrics.Run("jit", root=root)
-
-    # The steps numbered on the host, in call order, as the floor numbers
-    # its rows: the step does not use the loop's Python int.
-    def logged(x, i):
-      del i
-      run.log(**{n: x[k] for k, n in enumerate(names)})
-      return jnp.tanh(x)
-
-    us, ratio = _paired(_loop_time(hostcall.jit(logged), CALLS), base,
-                        repeats)
-    rows.append(_row(f"12. {METRICS} metrics a call, Run.log under "
-                     "hostcall.jit", us, ratio, 1.6,
-                     "JSON Lines, steps numbered on the host"))
-
-    # The step given by the loop: JAX moves the Python int to the device
-    # each call, which costs the plain step as much (the next row).
-    def logged_at(x, i):
-      run.log(i, **{n: x[k] for k, n in enumerate(names)})
-      return jnp.tanh(x)
-
-    at_us, at_ratio = _paired(_loop_time(hostcall.jit(logged_at), CALLS),
-                              base_at, repeats)
-    rows.append(_row("12. ... the same, Run.log(i, ...) with the loop's "
-                     "step", at_us, at_ratio, 1.6,
-                     "against the plain step that takes it"))
-    int_us, int_ratio = _paired(base_at, base, reference)
-    rows.append(_row("12. ... a plain step that uses the loop's step",
-                     int_us, int_ratio, None,
-                     "reference: JAX's cost of a Python int argument"))
-
-    # The floor: the step returns the same values stacked, and the loop
-    # hands them to the same kind of writer itself.
-    floor_writer = hostcall.metrics.JsonlWriter(f"{root}/floor.jsonl")
-
-    def returned(x, i):
-      return jnp.tanh(x), x[:METRICS]
-
-    def write_rows(outs):
-      values = np.stack([np.asarray(o[1]) for o in outs])
-      floor_writer.write(hostcall.metrics.Block(
-          step=np.arange(len(outs)), metrics=dict(zip(names, values.T))))
-
-    floor_us, floor_ratio = _paired(
-        _loop_time(jax.jit(returned), CALLS, finish=write_rows), base,
-        reference)
-    rows.append(_row("12. floor: the step returns the metrics, the loop "
-                     "writes them", floor_us, floor_ratio, None, "reference"))
-    rows.append(_row("12. ... Run.log under hostcall.jit / the floor", us,
-                     ratio / floor_ratio, 1.15, "ratio to the floor row"))
-    floor_writer.close()
+    rows = _logged_rows(loops, run, names)
+    rows += _written_floor_rows(loops, root, names, logged=rows[0])
     run.close()
   return rows
+
+
+def _logged_rows(loops: _Loops, run, names) -> list[dict]:
+  # The steps numbered on the host, in call order, as the floor numbers
+  # its rows: the step does not use the loop's Python int.
+  def logged(x, i):
+    del i
+    run.log(**{n: x[k] for k, n in enumerate(names)})
+    return jnp.tanh(x)
+
+  # The step given by the loop, paired with the plain step that takes it.
+  def logged_at(x, i):
+    run.log(i, **{n: x[k] for k, n in enumerate(names)})
+    return jnp.tanh(x)
+
+  rows = [loops.measure(f"{METRICS} metrics a call, Run.log under "
+                        "hostcall.jit", hostcall.jit(logged), 1.6,
+                        "JSON Lines, steps numbered on the host"),
+          loops.measure("... the same, Run.log(i, ...) with the loop's step",
+                        hostcall.jit(logged_at), 1.6,
+                        "against the plain step that takes it",
+                        base=loops.base_at)]
+  int_us, int_ratio = _paired(loops.base_at, loops.base, loops.reference)
+  rows.append(row("... a plain step that uses the loop's step", int_us,
+                  int_ratio, None,
+                  "reference: JAX's cost of a Python int argument"))
+  return rows
+
+
+def _written_floor_rows(loops: _Loops, root, names, logged: dict
+                        ) -> list[dict]:
+  """The floor: the step returns the same values stacked, and the loop
+  hands them to the same kind of writer itself; and ``logged``'s row
+  against it."""
+  floor_writer = hostcall.metrics.JsonlWriter(f"{root}/floor.jsonl")
+
+  def returned(x, i):
+    return jnp.tanh(x), x[:METRICS]
+
+  def write_rows(outs):
+    values = np.stack([np.asarray(o[1]) for o in outs])
+    floor_writer.write(hostcall.metrics.Block(
+        step=np.arange(len(outs)), metrics=dict(zip(names, values.T))))
+
+  floor = loops.measure(
+      "floor: the step returns the metrics, the loop writes them",
+      jax.jit(returned), finish=write_rows)
+  floor_writer.close()
+  return [floor, row("... Run.log under hostcall.jit / the floor",
+                     logged["us_per_step"], logged["ratio"] / floor["ratio"],
+                     1.15, "ratio to the floor row")]

@@ -44,14 +44,14 @@ def jax_references(b: Bench) -> list[dict]:
 
 
 def default_tap(b: Bench) -> list[dict]:
-  """1. The default (synchronous, ordered) tap."""
-  return [row(f"1. default tap, {label}", *b.paired(scan(
+  """The default (synchronous, ordered) tap."""
+  return [row(f"default tap, {label}", *b.paired(scan(
       lambda v: hcb.id_tap(noop, v), b.steps, payload)), 1.5)
           for payload, label in ((1, "scalar"), (1024, "4 KiB"))]
 
 
 def ordered_vs_unordered(b: Bench) -> list[dict]:
-  """1. Three taps a step: ordering's cost."""
+  """Three taps a step: ordering's cost."""
   def three(ordered):
     def tap(v):
       for _ in range(3):
@@ -62,13 +62,13 @@ def ordered_vs_unordered(b: Bench) -> list[dict]:
     return tap
   ordered = per_step(scan(three(True), b.steps), b.steps, b.repeats)
   unordered = per_step(scan(three(False), b.steps), b.steps, b.repeats)
-  return [row("1. 3 taps a step, ordered vs unordered", ordered,
+  return [row("3 taps a step, ordered vs unordered", ordered,
                ordered / unordered, 1.1,
                f"unordered: {unordered:.1f} us/step")]
 
 
 def loop_buffered(b: Bench) -> list[dict]:
-  """2. hostcall.scan gathers K steps of taps on the device."""
+  """hostcall.scan gathers K steps of taps on the device."""
   def step(carry, _):
     carry = matmul_step(carry)
     hcb.id_tap(noop, carry[0, 0])
@@ -79,20 +79,20 @@ def loop_buffered(b: Bench) -> list[dict]:
     fn = jax.jit(hostcall.delivery(delivery)(lambda x: hostcall.scan(
         step, x, None, length=b.steps, every=EVERY)[0]))
     rows.append(row(
-        f"2. loop-buffered tap (hostcall.scan, every={EVERY}), {delivery}",
+        f"loop-buffered tap (hostcall.scan, every={EVERY}), {delivery}",
         *b.paired(fn), 1.05, f"device buffer {EVERY * 4} B"))
   return rows
 
 
 def async_device_side(b: Bench) -> list[dict]:
-  """3. Asynchronous taps: what the device pays."""
-  return [row(f"3. async tap{label}, device side", *b.paired(scan(
+  """Asynchronous taps: what the device pays."""
+  return [row(f"async tap{label}, device side", *b.paired(scan(
       lambda v: hcb.id_tap(noop, v), b.steps, payload, "async"),
       drain=False), 1.2) for payload, label in ((1, ""), (1024, " 4 KiB"))]
 
 
 def async_dispatch(b: Bench) -> list[dict]:
-  """3. An asynchronously tapping call returns before its loop ends."""
+  """An asynchronously tapping call returns before its loop ends."""
   fn = scan(lambda v: hcb.id_tap(noop, v), b.steps, delivery="async")
   fn(X).block_until_ready()
   hostcall.barrier()
@@ -102,14 +102,14 @@ def async_dispatch(b: Bench) -> list[dict]:
   out.block_until_ready()
   total = time.perf_counter() - start
   hostcall.barrier()
-  return [row("3. async dispatch kept: call returns / loop time",
+  return [row("async dispatch kept: call returns / loop time",
                returned * 1e6 / b.steps, returned / total, 0.5,
                f"returned after {returned * 1e3:.2f} ms of "
                f"{total * 1e3:.1f} ms")]
 
 
 def async_slow_host(b: Bench) -> list[dict]:
-  """3. A slow host function overlaps the device's work."""
+  """A slow host function overlaps the device's work."""
   steps = max(50, b.steps // 4)
 
   def sleepy(v, transforms):
@@ -121,12 +121,12 @@ def async_slow_host(b: Bench) -> list[dict]:
   device_total = b.base * steps / 1e6
   e2e = median_time(lambda: (fn(X).block_until_ready(), hostcall.barrier()),
                      b.repeats)
-  return [row("3. async, host sleeps 100 us: end to end / max(host, device)",
+  return [row("async, host sleeps 100 us: end to end / max(host, device)",
                e2e / steps * 1e6, e2e / max(host_total, device_total), 1.15)]
 
 
 def one_tap_per_call(b: Bench) -> list[dict]:
-  """4. One tap in a jitted function called once."""
+  """One tap in a jitted function called once."""
   small = jnp.ones(16)
   plain = jax.jit(lambda v: v * 2)
   tapped = jax.jit(lambda v: hcb.id_tap(noop, v) * 2)
@@ -134,12 +134,12 @@ def one_tap_per_call(b: Bench) -> list[dict]:
                          b.repeats * 20)
   t_tap = median_time(lambda: tapped(small).block_until_ready(),
                        b.repeats * 20)
-  return [row("4. one tap in a jitted call", t_tap * 1e6, t_tap / t_plain,
+  return [row("one tap in a jitted call", t_tap * 1e6, t_tap / t_plain,
                2.0, f"plain call {t_plain * 1e6:.1f} us")]
 
 
 def big_async_tap(b: Bench) -> list[dict]:
-  """5. 1 MiB, asynchronous, against an in-cache memcpy of 1 MiB."""
+  """1 MiB, asynchronous, against an in-cache memcpy of 1 MiB."""
   mib = np.ones(1 << 18, np.float32)
   dst = np.empty_like(mib)
   memcpy = median_time(lambda: np.copyto(dst, mib), b.repeats * 20)
@@ -150,13 +150,13 @@ def big_async_tap(b: Bench) -> list[dict]:
   hostcall.barrier()
   without = per_step(plain, steps, b.repeats, drain=False)
   per_tap = max(with_tap - without, 0.0)
-  return [row("5. 1 MiB async tap vs 1 MiB memcpy", per_tap,
+  return [row("1 MiB async tap vs 1 MiB memcpy", per_tap,
                per_tap / (memcpy * 1e6), 3.0,
                f"memcpy {memcpy * 1e6:.1f} us")]
 
 
 def busy_main_thread(b: Bench) -> list[dict]:
-  """6. Asynchronous delivery while a Python thread keeps the GIL busy."""
+  """Asynchronous delivery while a Python thread keeps the GIL busy."""
   fn = scan(lambda v: hcb.id_tap(noop, v), b.steps, delivery="async")
   run = lambda: (fn(X).block_until_ready(), hostcall.barrier())  # noqa: E731
   idle = median_time(run, b.repeats)
@@ -172,6 +172,6 @@ def busy_main_thread(b: Bench) -> list[dict]:
   finally:
     stop.set()
     worker.join()
-  return [row("6. async taps with a busy Python thread vs idle",
+  return [row("async taps with a busy Python thread vs idle",
                loaded / b.steps * 1e6, loaded / idle, 2.0,
                f"idle: {idle / b.steps * 1e6:.1f} us/step")]
