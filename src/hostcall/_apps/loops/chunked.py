@@ -48,9 +48,9 @@ def depth() -> int:
 
 #: Steps whose buffered taps reach the host in one flush, at most, in a loop
 #: that is not steered (ticks stay every ``every`` steps): one flush costs
-#: the host far more than a tick (a JSON Lines row logged each step in a
-#: loop of 2000 steps, ticking every 20: 1.10x the plain loop's time with a
-#: flush every 260 steps, 1.23x with one every 20).
+#: the host far more than a tick, so that a loop ticking often flushes
+#: seldom (docs/performance.md, "Rows gathered, flushes spaced", has the
+#: measurement).
 FLUSH_STEPS = 256
 
 

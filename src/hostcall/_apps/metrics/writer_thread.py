@@ -96,8 +96,9 @@ class WriterThread:
   #: ``MERGE_BLOCKS`` blocks), nor while someone waits for them to be
   #: written (``hurried``). Large blocks (a ``hostcall.jit`` loop's trip)
   #: go at once, and are written while the loop goes on; small ones (a
-  #: progress bar's chunk of rows) gather: measured, the loop ran 1.23x its
-  #: plain time rather than 1.29x.
+  #: progress bar's chunk of rows) gather, because each write wakes the
+  #: writer and takes the GIL from the loop (what that saves is measured in
+  #: docs/performance.md, "Rows gathered, flushes spaced").
   GATHER_SECONDS = 0.05
   GATHER_BYTES = 64 << 10
 
@@ -170,8 +171,9 @@ class WriterThread:
     """A delivery thread ended a trip (``calls.add_trip_hook``): the blocks
     it handed over are all here, and no others come before its next trip,
     a gather window away; gathering on would only delay them (a
-    ``hostcall.jit`` loop's rows written while the device still runs
-    rather than at the barrier after it: 1.0 ms of 15)."""
+    ``hostcall.jit`` loop's rows are written while the device still runs
+    rather than at the barrier after it; docs/performance.md, "Rows
+    gathered, flushes spaced", has what that saves)."""
     if not self._pending_blocks:
       return  # (read unlocked: what a put adds later meets the next trip)
     with self._lock:
