@@ -77,10 +77,14 @@ class CsvWriter(Writer):
     self._fd: int | None = None
     self._closer = None
     self._closed = False
+    self._blocks = files.WholeBlocks()
     if append and self.path.is_file() and self.path.stat().st_size:
+      fd = files.open_for_append(self.path, truncate=False)
+      self._set_fd(fd)
+      files.cut_torn_row(self.path, fd, quoted=True)
       self._header = _last_header(self.path)
-      if self._header is not None:  # else: started afresh at the first block
-        self._set_fd(files.open_for_append(self.path, truncate=False))
+      if self._header is None:  # started afresh at the first block
+        self._set_fd(None)
 
   def _set_fd(self, fd: int | None) -> None:
     """Closes the file open (if any); ``fd`` is the one from now on."""
@@ -124,27 +128,50 @@ class CsvWriter(Writer):
     out = io.StringIO(newline="")
     csv.DictWriter(out, self._header, restval="").writerows(
         dict(zip(texts, row)) for row in zip(*texts.values()))
-    data = out.getvalue()
-    if os.fstat(self._fd).st_size == 0:
-      data = self._header_line() + data  # truncated: a table again
-    files.write_all(self._fd, data.encode("utf-8"))
+    data = out.getvalue().encode("utf-8")
 
-  def _header_line(self) -> str:
+    def write():
+      if os.fstat(self._fd).st_size == 0:  # truncated: a table again
+        files.write_all(self._fd, self._header_line() + data)
+      else:
+        files.write_all(self._fd, data)
+    self._blocks.write(self._fd, write)
+
+  def _header_line(self) -> bytes:
     out = io.StringIO(newline="")
     csv.writer(out).writerow(self._header)
-    return out.getvalue()
+    return out.getvalue().encode("utf-8")
 
   def _open(self, names: list[str], rows: list[dict]) -> None:
-    """Starts the file afresh: the header, then ``rows``."""
-    self._header = names
-    self._set_fd(None)
-    self._set_fd(files.open_for_append(self.path))
+    """Starts the file afresh: the header, then ``rows``. Written beside it
+    and moved into its place where it holds rows: a table that cannot be
+    written whole (a full disk) leaves the rows there were."""
     out = io.StringIO(newline="")
+    csv.writer(out).writerow(names)
     csv.DictWriter(out, names, restval="").writerows(rows)
-    files.write_all(self._fd, (self._header_line() + out.getvalue()).encode(
-        "utf-8"))
+    data = out.getvalue().encode("utf-8")
+    if not rows:
+      self._set_fd(None)
+      self._set_fd(files.open_for_append(self.path))
+      self._header = names
+      self._blocks.forget()
+      self._blocks.write(self._fd, lambda: files.write_all(self._fd, data))
+      return
+    beside = self.path.with_name(self.path.name + ".widening")
+    fd = files.open_for_append(beside)
+    try:
+      files.write_all(fd, data)
+      os.replace(beside, self.path)
+    except BaseException:
+      os.close(fd)
+      beside.unlink(missing_ok=True)
+      raise
+    self._set_fd(fd)
+    self._header = names
+    self._blocks.forget()
 
   def _widen(self, extra: list[str]) -> None:
+    self._blocks.repair(self._fd)  # not a failed block's torn row
     with open(self.path, newline="", encoding="utf-8",
               errors="surrogateescape") as f:
       text = f.read()
@@ -157,6 +184,7 @@ class CsvWriter(Writer):
     its own columns, then its rows."""
     if self._fd is not None:
       os.ftruncate(self._fd, 0)
+    self._blocks.forget()
     self._header = None
 
   def flush(self) -> None:

@@ -8,6 +8,7 @@ import itertools
 import os
 import pathlib
 import threading
+import warnings
 import weakref
 from typing import Callable
 
@@ -102,7 +103,8 @@ def open_for_append(path: pathlib.Path, truncate: bool = True) -> int:
   lands at the file's end as it is then, so that a file truncated from
   outside (logrotate's ``copytruncate``) is written from its new start,
   not from the old offset over a run of NUL bytes."""
-  return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND
+  # Read too: a writer going on with a file reads back its last line.
+  return os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND
                  | (os.O_TRUNC if truncate else 0)
                  | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0),
                  0o666)
@@ -126,3 +128,95 @@ def write_all(fd: int, data: bytes) -> None:
   view = memoryview(data)
   while view:
     view = view[os.write(fd, view):]
+
+
+class WholeBlocks:
+  """Keeps a file a run of whole blocks: a block whose write fails (a full
+  disk, a file grown past ``ulimit -f``, an interrupt) is cut off the file
+  at once, and where even that fails, before the next block is written. A
+  write that fails part way leaves the start of a row, and the next block
+  appended to it would make that row and its own first one a single line
+  no reader takes."""
+
+  def __init__(self):
+    # Where the file is to be cut back to before the next block.
+    self._cut_to: int | None = None
+
+  def write(self, fd: int, write: Callable[[], None]) -> None:
+    """Calls ``write`` (which appends one block to ``fd``); where it raises,
+    the file is cut back to its size before, and the error raised."""
+    self.repair(fd)
+    before = os.fstat(fd).st_size
+    try:
+      write()
+    except BaseException:
+      self._cut_to = before
+      try:
+        self.repair(fd)
+      except OSError:  # tried again before the next block
+        pass
+      raise
+
+  def repair(self, fd: int) -> None:
+    """Cuts off what a failed block left, if anything is left to cut;
+    raises ``OSError`` where the file cannot be cut (the next block is
+    not written after a torn row)."""
+    if self._cut_to is None:
+      return
+    # Shorter: truncated from outside since, which took the torn row too.
+    if os.fstat(fd).st_size > self._cut_to:
+      os.ftruncate(fd, self._cut_to)
+    self._cut_to = None
+
+  def forget(self) -> None:
+    """Nothing to cut: the file was started afresh."""
+    self._cut_to = None
+
+
+def cut_torn_line(fd: int, quoted: bool = False) -> int:
+  """Cuts the file ``fd`` back to the end of its last whole line (one
+  ending in a newline), where a process stopped while writing left the
+  start of one; returns the number of bytes cut off (0 for a file that
+  ends whole). ``quoted``: a CSV table, whose quoted fields may hold
+  newlines: only a newline outside quotes ends a line."""
+  size = os.fstat(fd).st_size
+  if not size or os.pread(fd, 1, size - 1) == b"\n":
+    return 0
+  if quoted:  # the quotes' parity counts from the start: read it all
+    data = os.pread(fd, size, 0)
+    inside = data.count(b'"') % 2
+    end = size
+    while True:
+      at = data.rfind(b"\n", 0, end)
+      if at < 0:
+        keep = 0
+        break
+      inside ^= data.count(b'"', at, end) % 2
+      if not inside:
+        keep = at + 1
+        break
+      end = at
+  else:
+    keep, end = 0, size
+    while end:
+      start = max(0, end - (1 << 16))
+      at = os.pread(fd, end - start, start).rfind(b"\n")
+      if at >= 0:
+        keep = start + at + 1
+        break
+      end = start
+  os.ftruncate(fd, keep)
+  return size - keep
+
+
+def cut_torn_row(path: pathlib.Path, fd: int, quoted: bool = False) -> None:
+  """Cuts off the start of a row that a stopped process left at the end of
+  the file ``fd`` (at ``path``), which a writer goes on with (its first row
+  would be joined to it), with an ``IncompleteRowsWarning``."""
+  from hostcall._apps.metrics import reading  # reading imports this module
+  cut = cut_torn_line(fd, quoted)
+  if cut:
+    warnings.warn(
+        f"{path}: cut off its last row, {cut} byte(s) without an end of "
+        "line (a process stopped while writing it), before going on with "
+        "the file.", reading.IncompleteRowsWarning, stacklevel=2)

@@ -57,6 +57,9 @@ class JsonlWriter(Writer):
     self._fd: int | None = files.open_for_append(self.path,
                                                  truncate=not append)
     self._closer = files.close_when_dropped(self, self._fd)
+    self._blocks = files.WholeBlocks()
+    if append:
+      files.cut_torn_row(self.path, self._fd)
 
   def write(self, block: Block) -> None:
     """Appends one line per row of ``block`` (in one write, where it is not
@@ -68,6 +71,9 @@ class JsonlWriter(Writer):
     columns = {**block.index_columns(), **block.metrics}
     if self._fd is None:
       raise ValueError(f"{self.path}: write to a closed JsonlWriter")
+    self._blocks.write(self._fd, lambda: self._write(columns))
+
+  def _write(self, columns: dict) -> None:
     # Names are data: written as JSON strings.
     names = [json.dumps(name) for name in columns]
     # Every row at once by the native formatter, where it can.
@@ -93,6 +99,7 @@ class JsonlWriter(Writer):
     all of the run's writers are made): the next rows are its first."""
     if self._fd is not None:
       os.ftruncate(self._fd, 0)
+      self._blocks.forget()
 
   def flush(self) -> None:
     """Nothing to do: each ``write`` hands its rows to the file."""
