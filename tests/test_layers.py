@@ -180,17 +180,59 @@ def test_the_checks_catch_what_they_look_for(graph, monkeypatch):
 TESTS = pathlib.Path(__file__).parent
 
 
+def _package_of(path: pathlib.Path) -> list[str]:
+  """The package a file's relative imports start from (``tests`` for a
+  file outside tests/, as the checks' own samples are)."""
+  try:
+    return list(path.parent.relative_to(TESTS.parent).parts)
+  except ValueError:
+    return ["tests"]
+
+
+def _imported_names(node: ast.AST, package: list[str]) -> list[str]:
+  """The dotted names an import statement (or an ``import_module`` /
+  ``__import__`` call with a constant name) may load: for ``from a import
+  b``, both ``a`` and ``a.b`` (``b`` may be a module); a relative one
+  resolved from ``package``."""
+  if isinstance(node, ast.Import):
+    return [a.name for a in node.names]
+  if isinstance(node, ast.ImportFrom):
+    base = node.module or ""
+    if node.level:
+      above = package[:len(package) - (node.level - 1)]
+      base = ".".join(above + ([base] if base else []))
+    return [base] + [f"{base}.{a.name}" for a in node.names]
+  if (isinstance(node, ast.Call) and node.args
+      and isinstance(node.args[0], ast.Constant)
+      and isinstance(node.args[0].value, str)
+      and ast.unparse(node.func).split(".")[-1] in ("import_module",
+                                                    "__import__")):
+    return [node.args[0].value]
+  return []
+
+
+def _is_test_module(name: str) -> bool:
+  """Whether ``name`` is a test module of tests/: ``tests.test_x``,
+  ``tests.sub.test_x``, or ``test_x`` as pytest's rootdir import finds it
+  (not ``jax._src.test_util``, nor ``tests.helpers``)."""
+  parts = name.split(".")
+  if parts[0] == "tests":
+    parts = parts[1:]
+  elif not parts[0].startswith("test_"):
+    return False
+  return any(part.startswith("test_") for part in parts)
+
+
 def _test_module_imports(path: pathlib.Path) -> list[str]:
-  """The test modules (``test_*``) that the file at ``path`` imports."""
+  """The test modules (``test_*``) that the file at ``path`` imports, in
+  any form: ``from tests.test_x import``, ``from .test_x import``,
+  ``from . import test_x``, ``import test_x``, ``import_module(...)``."""
+  package = _package_of(path)
   found = []
   for node in ast.walk(ast.parse(path.read_text())):
-    names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-             else [node.module or ""] if isinstance(node, ast.ImportFrom)
-             else [])
-    if isinstance(node, ast.ImportFrom) and node.level:
-      names = [node.module or ""] + [a.name for a in node.names]
-    found += [n for n in names
-              if any(part.startswith("test_") for part in n.split("."))]
+    names = [n for n in _imported_names(node, package) if _is_test_module(n)]
+    if names:
+      found.append(names[0])
   return found
 
 
@@ -202,10 +244,34 @@ def test_no_test_module_imports_another():
   assert not {p: i for p, i in offenders.items() if i}
 
 
-def test_the_test_import_check_catches_one(tmp_path):
+@pytest.mark.parametrize("line, found", [
+    ("from tests.test_async import wait_for", "tests.test_async"),
+    ("from .test_async import wait_for", "tests.test_async"),
+    ("from . import test_async", "tests.test_async"),
+    ("from tests import test_async", "tests.test_async"),
+    ("from tests.multidevice.test_pmap import f",
+     "tests.multidevice.test_pmap"),
+    ("import test_async", "test_async"),
+    ("import tests.test_async as a", "tests.test_async"),
+    ("from test_async import wait_for", "test_async"),
+    ("importlib.import_module('tests.test_async')", "tests.test_async"),
+    ("__import__('test_async')", "test_async"),
+])
+def test_the_test_import_check_catches_each_form(tmp_path, line, found):
   path = tmp_path / "test_x.py"
-  path.write_text("from tests.test_async import wait_for\n")
-  assert _test_module_imports(path) == ["tests.test_async"]
+  path.write_text(line + "\n")
+  assert _test_module_imports(path) == [found]
+
+
+@pytest.mark.parametrize("line", [
+    "from tests.helpers import wait_for", "from tests import helpers",
+    "from . import helpers", "import helpers", "from jax._src import test_util",
+    "import jax._src.test_util", "from .conftest import window",
+])
+def test_the_test_import_check_passes_shared_helpers(tmp_path, line):
+  path = tmp_path / "test_x.py"
+  path.write_text(line + "\n")
+  assert _test_module_imports(path) == []
 
 
 def _defaulted_getattrs(path: pathlib.Path, names: set) -> list[str]:
