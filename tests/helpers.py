@@ -3,7 +3,6 @@ another test module)."""
 
 import os
 import pathlib
-import re
 import socket
 import subprocess
 import sys
@@ -89,18 +88,6 @@ def wait_for(condition, timeout=30.0):
     assert deadline > 0, "condition not reached"
     event.wait(0.01)
     deadline -= 0.01
-
-
-def page_text(page: str) -> str:
-  """A docs page's text, its whitespace folded."""
-  return re.sub(r"\s+", " ", (ROOT / page).read_text())
-
-
-def stated(page: str, *sentences: str) -> None:
-  """Fails unless ``page`` says each of ``sentences``."""
-  text = page_text(page)
-  for sentence in sentences:
-    assert re.sub(r"\s+", " ", sentence) in text, (page, sentence)
 
 
 class FakeCoordinationClient:
