@@ -10,7 +10,7 @@ import pathlib
 
 import numpy as np
 
-from hostcall._apps.metrics import files, reading
+from hostcall._apps.metrics import config as _config, files, reading
 from hostcall._apps.metrics.block import Block, column_texts
 from hostcall._apps.metrics.writer import Writer
 
@@ -177,6 +177,11 @@ class CsvWriter(Writer):
       text = f.read()
     rows, _ = reading.csv_rows(text, convert=False)
     self._open(self._header + extra, rows)
+
+  def write_config(self, config: dict) -> None:
+    """Writes the run's config to ``config.json`` beside the rows, whole
+    (``hostcall.metrics.read_config`` reads it)."""
+    _config.write_file(self.path.parent, config)
 
   def start_afresh(self) -> None:
     """Empties the table (what ``Run(..., exists="overwrite")`` calls once

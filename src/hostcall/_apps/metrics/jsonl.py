@@ -7,7 +7,7 @@ import json
 import os
 import pathlib
 
-from hostcall._apps.metrics import files
+from hostcall._apps.metrics import config as _config, files
 from hostcall._runtime import texts
 from hostcall._apps.metrics.block import (Block, column_texts, plain,
                                           python_values)
@@ -93,6 +93,11 @@ class JsonlWriter(Writer):
     # (JSON escapes what is not ASCII: the text is ASCII.)
     files.write_all(self._fd, "".join(line % row for row in zip(*column_text_lists)).encode(
         "utf-8", "surrogateescape"))
+
+  def write_config(self, config: dict) -> None:
+    """Writes the run's config to ``config.json`` beside the rows, whole
+    (``hostcall.metrics.read_config`` reads it)."""
+    _config.write_file(self.path.parent, config)
 
   def start_afresh(self) -> None:
     """Empties the file (what ``Run(..., exists="overwrite")`` calls once
