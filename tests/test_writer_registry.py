@@ -123,8 +123,8 @@ def test_info_lists_the_registry_s_writers_and_extras(extra_writers, capsys):
 
 # The order of docs/architecture.md's list: each module imports only from
 # those before it (writer_thread knows a run only as a Sink).
-LAYERS = ["block", "keys", "writer", "clu", "registry", "files", "reading",
-          "jsonl", "csv", "tensorboard", "memory", "mlflow", "wandb",
+LAYERS = ["block", "keys", "writer", "clu", "registry", "config", "files",
+          "table", "reading", "jsonl", "csv", "tensorboard", "memory", "mlflow", "wandb",
           "processes", "writer_thread", "sink", "log_target", "run", "plot"]
 
 

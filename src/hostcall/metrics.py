@@ -6,7 +6,8 @@
       run.log(i, loss=loss, grad_norm=norm)        # inside jit/scan/vmap/grad
       run.log({"loss": loss}, step=i)              # W&B's form works too
     hostcall.barrier()                             # or run.flush()
-    hostcall.metrics.read("runs/fit")              # a pandas DataFrame
+    hostcall.metrics.load("runs/fit")["loss"]      # NumPy arrays, and config
+    hostcall.metrics.read("runs/lr-*")             # a pandas DataFrame, run column
     hostcall.metrics.plot("runs/fit")              # runs/fit/metrics.png
 
 Writers: ``"jsonl"`` (the default), ``"csv"``, ``"tensorboard"``,
@@ -16,17 +17,20 @@ or a ``Writer`` subclass of one's own.
 
 from hostcall._apps.metrics.block import Block
 from hostcall._apps.metrics.clu import CluWriter
+from hostcall._apps.metrics.config import read_config
 from hostcall._apps.metrics.csv import CsvWriter
 from hostcall._apps.metrics.jsonl import JsonlWriter
 from hostcall._apps.metrics.memory import MemoryWriter
 from hostcall._apps.metrics.mlflow import MlflowWriter
 from hostcall._apps.metrics.plot import plot
-from hostcall._apps.metrics.reading import IncompleteRowsWarning, read
+from hostcall._apps.metrics.reading import IncompleteRowsWarning, load, read
 from hostcall._apps.metrics.run import Run
+from hostcall._apps.metrics.table import Table
 from hostcall._apps.metrics.tensorboard import TensorBoardWriter
 from hostcall._apps.metrics.wandb import WandbWriter
 from hostcall._apps.metrics.writer import Writer
 
 __all__ = ["Block", "CluWriter", "CsvWriter", "IncompleteRowsWarning",
-           "JsonlWriter", "MemoryWriter", "MlflowWriter", "Run",
-           "TensorBoardWriter", "WandbWriter", "Writer", "plot", "read"]
+           "JsonlWriter", "MemoryWriter", "MlflowWriter", "Run", "Table",
+           "TensorBoardWriter", "WandbWriter", "Writer", "load", "plot",
+           "read", "read_config"]

@@ -1,17 +1,22 @@
-"""Plot a run's metrics to a PNG: one panel per metric against the step."""
+"""Plot runs' metrics to an image: one panel per metric against the step,
+several runs overlaid to compare them."""
 
 from __future__ import annotations
 
 import sys
 
-HELP = "plot a run's metrics to PNG"
+HELP = "plot runs' metrics to PNG (several runs overlaid)"
 
 
 def add_arguments(parser) -> None:
-  parser.add_argument("run", help="a run directory, e.g. runs/demo, or its "
-                      "metrics.jsonl / metrics.csv")
+  parser.add_argument("run", nargs="+",
+                      help="a run directory, e.g. runs/demo, or its "
+                      "metrics.jsonl / metrics.csv; several, or a glob "
+                      "such as 'runs/lr-*', are overlaid")
   parser.add_argument("-o", "--out", default=None,
-                      help="the PNG to write (default: <run>/metrics.png)")
+                      help="the image to write, its suffix the format: "
+                      ".png, .svg, .pdf (default: <run>/metrics.png; "
+                      "compare.png beside several runs)")
   parser.add_argument("-m", "--metric", action="append",
                       help="a metric to plot (repeatable; default: every "
                       "scalar metric)")
@@ -19,17 +24,19 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
   from hostcall._apps.metrics import plot, reading
+  runs = args.run if len(args.run) > 1 else args.run[0]
   try:
     if args.metric:
-      records = reading.read_records(args.run)
-      present = sorted({name for row in records for name in row}
-                       - {"step", "member", "device"})
+      rows = reading.load(runs).rows()
+      present = sorted({name for row in rows for name in row}
+                       - {"run", "step", "process", "member", "device"})
       missing = [m for m in args.metric if m not in present]
       if missing:
         args.command_parser.error(
-            f"no metric {', '.join(map(repr, missing))} in {args.run}; it "
-            f"has {', '.join(map(repr, present)) or 'none'}")
-    out = plot.plot(args.run, args.out, metrics=args.metric or None)
+            f"no metric {', '.join(map(repr, missing))} in "
+            f"{' '.join(args.run)}; it has "
+            f"{', '.join(map(repr, present)) or 'none'}")
+    out = plot.plot(runs, args.out, metrics=args.metric or None)
   except FileNotFoundError as exc:
     args.command_parser.error(str(exc))
   except ImportError as exc:

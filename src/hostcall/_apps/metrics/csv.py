@@ -81,7 +81,7 @@ class CsvWriter(Writer):
     if append and self.path.is_file() and self.path.stat().st_size:
       fd = files.open_for_append(self.path, truncate=False)
       self._set_fd(fd)
-      files.cut_torn_row(self.path, fd, quoted=True)
+      reading.cut_torn_row(self.path, fd, quoted=True)
       self._header = _last_header(self.path)
       if self._header is None:  # started afresh at the first block
         self._set_fd(None)

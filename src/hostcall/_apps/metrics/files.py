@@ -8,7 +8,6 @@ import itertools
 import os
 import pathlib
 import threading
-import warnings
 import weakref
 from typing import Callable
 
@@ -208,15 +207,3 @@ def cut_torn_line(fd: int, quoted: bool = False) -> int:
   os.ftruncate(fd, keep)
   return size - keep
 
-
-def cut_torn_row(path: pathlib.Path, fd: int, quoted: bool = False) -> None:
-  """Cuts off the start of a row that a stopped process left at the end of
-  the file ``fd`` (at ``path``), which a writer goes on with (its first row
-  would be joined to it), with an ``IncompleteRowsWarning``."""
-  from hostcall._apps.metrics import reading  # reading imports this module
-  cut = cut_torn_line(fd, quoted)
-  if cut:
-    warnings.warn(
-        f"{path}: cut off its last row, {cut} byte(s) without an end of "
-        "line (a process stopped while writing it), before going on with "
-        "the file.", reading.IncompleteRowsWarning, stacklevel=2)

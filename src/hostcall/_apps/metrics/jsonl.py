@@ -8,6 +8,7 @@ import os
 import pathlib
 
 from hostcall._apps.metrics import config as _config, files
+from hostcall._apps.metrics import reading
 from hostcall._runtime import texts
 from hostcall._apps.metrics.block import (Block, column_texts, plain,
                                           python_values)
@@ -59,7 +60,7 @@ class JsonlWriter(Writer):
     self._closer = files.close_when_dropped(self, self._fd)
     self._blocks = files.WholeBlocks()
     if append:
-      files.cut_torn_row(self.path, self._fd)
+      reading.cut_torn_row(self.path, self._fd)
 
   def write(self, block: Block) -> None:
     """Appends one line per row of ``block`` (in one write, where it is not

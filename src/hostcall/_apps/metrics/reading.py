@@ -1,4 +1,5 @@
-"""Reading runs back: ``read`` (a run's rows as a DataFrame) and the tolerant
+"""Reading runs back: ``load`` (runs' rows and configs with NumPy alone),
+``read`` (the same as a DataFrame) and the tolerant
 parsing of ``metrics.jsonl`` / ``metrics.csv`` it rests on (rows cut off
 mid-write, or by a truncation from outside, are skipped with an
 ``IncompleteRowsWarning``)."""
@@ -6,35 +7,47 @@ mid-write, or by a truncation from outside, are skipped with an
 from __future__ import annotations
 
 import csv
+import glob
 import io
 import json
 import os
+import pathlib
 import re
 import warnings
 from typing import Any
 
 import numpy as np
 
-from hostcall._apps.metrics import files
+from hostcall._apps.metrics import config as _config, files
+from hostcall._apps.metrics.table import Table, to_dataframe
 
 
-def read(path: str | os.PathLike):
-  """A run's rows as a pandas DataFrame.
+def read(runs):
+  """Runs' rows as a pandas DataFrame.
 
   Arguments:
-    path: a run directory (``runs/<name>``) or its ``metrics.jsonl`` /
-      ``metrics.csv``. The directory of a run that several processes wrote
-      each to their own ``process_<k>/`` (``Run(processes="each")``) is
-      read whole: every process's rows, process 0's first.
+    runs: a run directory (``runs/<name>``) or its ``metrics.jsonl`` /
+      ``metrics.csv``; a glob of them (``"runs/lr-*"``); or a list of
+      these. The directory of a run that several processes wrote each to
+      their own ``process_<k>/`` (``Run(processes="each")``) is read
+      whole: every process's rows, process 0's first.
 
   Returns:
     A DataFrame with ``step`` (and ``process``, ``member``, ``device``
-    where logged) and one column per metric.
+    where logged) and one column per metric; for a list or a glob, a
+    ``run`` column first, each row's run (its directory's name). Each
+    run's config is in ``attrs["configs"]``, by run.
 
   Rows cut off mid-write (a process killed while writing) are skipped, with
   an ``IncompleteRowsWarning`` naming their lines. Rows of one step (and
   process, member, device) that different calls logged (``run.log`` and
   ``run.log_grad``, say) are one row (see ``merge_rows``).
+  ``hostcall.metrics.load`` reads the same without pandas.
+
+  Raises:
+    ImportError: pandas is not installed (``pip install
+      'hostcall[pandas]'``; or read with ``hostcall.metrics.load``).
+    FileNotFoundError: no run at a path, or none matches a glob.
 
   Example:
     >>> import jax, hostcall, tempfile
@@ -44,7 +57,117 @@ def read(path: str | os.PathLike):
     >>> hostcall.metrics.read(run.dir)["loss"].tolist()
     [0.5]
   """
-  return to_dataframe(read_records(path))
+  try:
+    import pandas  # noqa: F401 - said before any file is read
+  except ImportError as exc:
+    raise ImportError(
+        "hostcall.metrics.read returns a pandas DataFrame, and pandas is not "
+        "installed: pip install 'hostcall[pandas]' (or pip install pandas), "
+        "or read the runs with hostcall.metrics.load, which needs NumPy "
+        "alone.") from exc
+  return load(runs).to_pandas()
+
+
+def load(runs):
+  """Runs' rows and configs, read with NumPy alone.
+
+  Arguments:
+    runs: a run directory (``runs/<name>``) or its ``metrics.jsonl`` /
+      ``metrics.csv``; a glob of them (``"runs/lr-*"``); or a list of
+      these. A run that several processes wrote (``process_<k>/``) is
+      read whole, process 0's rows first.
+
+  Returns:
+    A ``hostcall.metrics.Table``: one NumPy array a column
+    (``table["loss"]``), ``table.rows()`` as dicts, the run's config as
+    ``table.config``. For a list or a glob, a ``run`` column first (each
+    row's run, its directory's name) and ``table.configs`` by run.
+
+  Rows are read as ``read`` reads them (cut-off rows skipped, with an
+  ``IncompleteRowsWarning``; a step's rows that different calls logged
+  joined); ``read`` is the same as a pandas DataFrame.
+
+  Raises:
+    FileNotFoundError: no run at a path, or none matches a glob.
+
+  Example:
+    >>> import jax, hostcall, tempfile
+    >>> root = tempfile.mkdtemp()
+    >>> for lr in (0.1, 0.2):
+    ...   run = hostcall.metrics.Run(f"lr-{lr}", root=root)
+    ...   _ = jax.jit(lambda: [run.log(i, loss=lr * i) for i in range(2)])()
+    ...   run.close()
+    >>> table = hostcall.metrics.load(f"{root}/lr-*")
+    >>> table["run"].tolist(), table["loss"].tolist()
+    (['lr-0.1', 'lr-0.1', 'lr-0.2', 'lr-0.2'], [0.0, 0.1, 0.0, 0.2])
+  """
+  found, several = run_paths(runs, "the run to read")
+  rows, configs = [], {}
+  for name, path in found:
+    if hasattr(path, "records"):  # a Run: its rows so far, its config
+      records = path.records()
+      configs[name] = (path.config.as_dict() if hasattr(path, "config")
+                       else {})
+    else:
+      records, configs[name] = read_records(path), _config.read_config(path)
+    if several:
+      if any("run" in row for row in records):
+        raise ValueError(
+            f"{name} logs a metric named 'run', the column that says each "
+            "row's run where several runs are read together: read it "
+            "alone, or rename the metric.")
+      records = [{"run": name, **row} for row in records]
+    rows += records
+  return Table(rows, configs)
+
+
+def run_paths(runs, what: str) -> tuple[list, bool]:
+  """``runs`` (a path, a glob, a ``Run``, or a list of them) as ``(name,
+  path or Run)`` pairs, one a run, and whether they are several (a list or
+  a glob: their rows take a ``run`` column). A glob takes the runs it
+  matches (directories with rows, metrics files) and leaves the rest."""
+  several = isinstance(runs, (list, tuple))
+  items = list(runs) if several else [runs]
+  if several and not items:
+    raise ValueError(f"{what}: an empty list; give run directories, e.g. "
+                     "['runs/a', 'runs/b'], or a glob, e.g. 'runs/lr-*'.")
+  found = []
+  for item in items:
+    if hasattr(item, "records") and hasattr(item, "dir"):  # a Run
+      found.append((pathlib.Path(item.dir).name, item))
+      continue
+    path = files.as_path(item, f"{what} (a run directory, its metrics file "
+                         "or a glob of them, or a list of these)")
+    if path.exists() or not glob.has_magic(str(item)):
+      found.append((_run_name(path), path))
+      continue
+    several = True
+    matches = [pathlib.Path(m) for m in sorted(glob.glob(str(item)))]
+    matches = [m for m in matches if _holds_rows(m)]
+    if not matches:
+      raise FileNotFoundError(
+          f"no run matches {str(item)!r}: a glob takes run directories "
+          "(runs/<name>, written by hostcall.metrics.Run(name)) and "
+          "metrics files, e.g. 'runs/lr-*'.")
+    found += [(_run_name(m), m) for m in matches]
+  names = [name for name, _ in found]
+  if len(set(names)) < len(names):  # the same name under two roots
+    found = [(str(getattr(p, "dir", p)), p) for _, p in found]
+  return found, several
+
+
+def _run_name(path: pathlib.Path) -> str:
+  return (path.parent if path.name in ("metrics.jsonl", "metrics.csv")
+          else path).name
+
+
+def _holds_rows(path: pathlib.Path) -> bool:
+  """Whether ``path`` is a run's directory or metrics file."""
+  if path.is_file():
+    return path.name in ("metrics.jsonl", "metrics.csv")
+  return path.is_dir() and (
+      any((path / n).is_file() for n in ("metrics.jsonl", "metrics.csv"))
+      or bool(_process_dirs(path)))
 
 
 def read_records(path: str | os.PathLike) -> list[dict[str, Any]]:
@@ -136,6 +259,18 @@ def _process_dirs(path) -> list:
   return sorted(found)
 
 
+def cut_torn_row(path: pathlib.Path, fd: int, quoted: bool = False) -> None:
+  """Cuts off the start of a row that a stopped process left at the end of
+  the file ``fd`` (at ``path``), which a writer goes on with (its first row
+  would be joined to it), with an ``IncompleteRowsWarning``."""
+  cut = files.cut_torn_line(fd, quoted)
+  if cut:
+    warnings.warn(
+        f"{path}: cut off its last row, {cut} byte(s) without an end of "
+        "line (a process stopped while writing it), before going on with "
+        "the file.", IncompleteRowsWarning, stacklevel=4)
+
+
 class IncompleteRowsWarning(UserWarning):
   """``metrics.read`` skipped rows that were cut off (a process stopped
   mid-write) or are not rows at all.
@@ -156,22 +291,6 @@ class IncompleteRowsWarning(UserWarning):
     >>> len(frame), caught[0].category.__name__
     (1, 'IncompleteRowsWarning')
   """
-
-
-def to_dataframe(records: list[dict[str, Any]]):
-  """``records`` (dicts, one a row) as a pandas DataFrame whose array
-  metrics are NumPy arrays, one a cell."""
-  try:
-    import pandas as pd
-  except ImportError as exc:
-    raise ImportError("a DataFrame needs pandas: pip install "
-                      "'hostcall[pandas]' (or pip install pandas)") from exc
-  frame = pd.DataFrame.from_records(records)
-  for name in frame.columns:  # array metrics: one NumPy array a cell
-    if frame[name].map(lambda v: isinstance(v, list)).any():
-      frame[name] = frame[name].map(
-          lambda v: np.asarray(v) if isinstance(v, list) else v)
-  return frame
 
 
 # What a truncation from outside can leave where a writer went on at its
