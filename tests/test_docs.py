@@ -4,6 +4,8 @@ import importlib.util
 import os
 import pathlib
 import re
+import sys
+import tomllib
 
 import pytest
 
@@ -16,10 +18,57 @@ SNIPPETS = [(doc.name, i, code) for doc in DOCS
                                                 doc.read_text(), re.S))]
 
 
+#: The optional packages (pyproject.toml's extras) and their modules.
+_OPTIONAL = {"scipy": "scipy", "matplotlib": "matplotlib", "pandas": "pandas",
+             "tensorboardX": "tensorboardX", "mlflow-skinny": "mlflow",
+             "wandb": "wandb", "ipywidgets": "ipywidgets"}
+
+
+def venv_of(page: str, code: str) -> str | None:
+  """The extras of the venv a snippet runs in, comma-separated: its page's
+  (``<!-- venv: demo -->``, the venv ``make demo`` makes) and those it
+  names in a comment of its own (``# pip install 'hostcall[mlflow]'``);
+  None where its page names none (the test venv, every extra)."""
+  page_text = (ROOT / page if page == "README.md" else
+               ROOT / "docs" / page).read_text()
+  named = re.search(r"<!-- venv: ([\w,]+) -->", page_text)
+  if named is None:
+    return None
+  own = re.findall(r"#.*pip install 'hostcall\[([\w,]+)\]'", code)
+  return ",".join([named.group(1), *own])
+
+
+def hide_missing_extras(venv: str | None, monkeypatch) -> set[str]:
+  """Makes the optional packages that ``venv``'s extras do not install
+  unimportable (as in that venv) until the test ends; returns their
+  modules."""
+  if venv is None:
+    return set()
+  extras = tomllib.loads((ROOT / "pyproject.toml").read_text())[
+      "project"]["optional-dependencies"]
+  installed = {re.split(r"[<>=\[ ]", requirement)[0]
+               for extra in venv.split(",") for requirement in extras[extra]}
+  hidden = {module for package, module in _OPTIONAL.items()
+            if package not in installed}
+  for module in hidden:
+    monkeypatch.setitem(sys.modules, module, None)
+  return hidden
+
+
+def test_pages_name_venvs_that_exist():
+  extras = tomllib.loads((ROOT / "pyproject.toml").read_text())[
+      "project"]["optional-dependencies"]
+  named = {name: venv_of(name, code) for name, _, code in SNIPPETS}
+  assert named["getting-started.md"] == "demo"
+  for name, venv in named.items():
+    assert venv is None or set(venv.split(",")) <= set(extras), name
+
+
 @pytest.mark.parametrize("name,index,code", SNIPPETS,
                          ids=[f"{n}#{i}" for n, i, _ in SNIPPETS])
 def test_snippet_runs(name, index, code, tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)  # snippets that log write runs/ here
+  hidden = hide_missing_extras(venv_of(name, code), monkeypatch)
   environment = dict(os.environ)  # snippets set MLFLOW_TRACKING_URI, ...
   try:
     # Fails if the snippet raises, or if a callback it started raised.
@@ -28,6 +77,10 @@ def test_snippet_runs(name, index, code, tmp_path, monkeypatch):
     except ImportError as exc:
       missing = [extra for extra, module in _EXTRAS.items()
                  if module == exc.name or f"hostcall[{extra}]" in str(exc)]
+      if missing and _EXTRAS[missing[0]] in hidden:
+        pytest.fail(f"{name}#{index} needs hostcall[{missing[0]}], which "
+                    f"the venv its page names lacks: say so in the block "
+                    f"(# pip install 'hostcall[{missing[0]}]').")
       if missing and importlib.util.find_spec(_EXTRAS[missing[0]]) is None:
         pytest.skip(f"the snippet needs pip install "
                     f"'hostcall[{missing[0]}]'")
@@ -74,6 +127,7 @@ def test_the_readme_shows_output():
 def test_snippet_prints_what_it_says(name, index, code, expected, capsys,
                                      tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
+  hide_missing_extras(venv_of(name, code), monkeypatch)
   exec(compile(code, f"{name}#{index}", "exec"), {})
   hostcall.barrier()
   assert capsys.readouterr().out.splitlines() == expected

@@ -55,9 +55,7 @@ def plot(runs, out: str | os.PathLike | None = None, *,
   """
   plt = _pyplot()
   _check_options(metrics, log_scale, out)
-  found, several = reading.run_paths(runs, "plot's run (a hostcall.metrics."
-                                     "Run, a run directory or its metrics "
-                                     "file)")
+  found, several = reading.run_paths(runs, "plot's run")
   table = reading.load([p for _, p in found] if several else found[0][1])
   records = table.rows()
   index = _INDEX if several else _INDEX - {"run"}

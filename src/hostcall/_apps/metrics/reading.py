@@ -27,8 +27,9 @@ def read(runs):
 
   Arguments:
     runs: a run directory (``runs/<name>``) or its ``metrics.jsonl`` /
-      ``metrics.csv``; a glob of them (``"runs/lr-*"``); or a list of
-      these. The directory of a run that several processes wrote each to
+      ``metrics.csv``; a glob of them (``"runs/lr-*"``); a
+      ``hostcall.metrics.Run``; or a list of these. The directory of a run
+      that several processes wrote each to
       their own ``process_<k>/`` (``Run(processes="each")``) is read
       whole: every process's rows, process 0's first.
 
@@ -73,9 +74,10 @@ def load(runs):
 
   Arguments:
     runs: a run directory (``runs/<name>``) or its ``metrics.jsonl`` /
-      ``metrics.csv``; a glob of them (``"runs/lr-*"``); or a list of
-      these. A run that several processes wrote (``process_<k>/``) is
-      read whole, process 0's rows first.
+      ``metrics.csv``; a glob of them (``"runs/lr-*"``); a
+      ``hostcall.metrics.Run`` (its rows so far: it is flushed first); or
+      a list of these. A run that several processes wrote
+      (``process_<k>/``) is read whole, process 0's rows first.
 
   Returns:
     A ``hostcall.metrics.Table``: one NumPy array a column
@@ -136,8 +138,9 @@ def run_paths(runs, what: str) -> tuple[list, bool]:
     if hasattr(item, "records") and hasattr(item, "dir"):  # a Run
       found.append((pathlib.Path(item.dir).name, item))
       continue
-    path = files.as_path(item, f"{what} (a run directory, its metrics file "
-                         "or a glob of them, or a list of these)")
+    path = files.as_path(item, f"{what} (a run directory or its metrics "
+                         "file, a glob of them, a hostcall.metrics.Run, or "
+                         "a list of these)")
     if path.exists() or not glob.has_magic(str(item)):
       found.append((_run_name(path), path))
       continue
