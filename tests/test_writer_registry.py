@@ -123,9 +123,10 @@ def test_info_lists_the_registry_s_writers_and_extras(extra_writers, capsys):
 
 # The order of docs/architecture.md's list: each module imports only from
 # those before it (writer_thread knows a run only as a Sink).
-LAYERS = ["block", "keys", "writer", "clu", "registry", "config", "files",
-          "table", "reading", "jsonl", "csv", "tensorboard", "memory", "mlflow", "wandb",
-          "processes", "writer_thread", "sink", "log_target", "run", "plot"]
+LAYERS = ["block", "keys", "config", "writer", "clu", "registry", "files",
+          "table", "reading", "jsonl", "csv", "tensorboard", "memory",
+          "mlflow", "wandb", "processes", "writer_thread", "users", "sink",
+          "log_target", "log_args", "run", "plot"]
 
 
 def test_the_metrics_modules_are_small_and_import_only_those_before():

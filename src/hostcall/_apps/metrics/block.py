@@ -10,6 +10,7 @@ values every format can hold (``plain``, ``python_values``,
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any
 
 import ml_dtypes
@@ -34,8 +35,9 @@ class Block:
     step: the step of each row (int64).
     metrics: the metrics by name, each an array whose first axis is the
       rows (a scalar metric is a column; an array metric has the array's
-      shape after the first axis). Any string but the index columns'
-      names (``step``, ``process``, ``member``, ``device``) is a name.
+      shape after the first axis; a text value's column is NumPy text,
+      dtype ``str``). Any string but the index columns' names (``step``,
+      ``process``, ``member``, ``device``) is a name.
     member: the vmap member of each row (row-major over nested vmaps), or
       None outside ``vmap``.
     device: the id of the device that logged each row, or None where JAX
@@ -128,8 +130,17 @@ def concatenate(blocks: list[Block]) -> Block:
       process=None if first.process is None else joined(lambda b: b.process))
 
 
+def is_text(values: np.ndarray) -> bool:
+  """Whether ``values`` is a column of text (a text value ``Run.log``
+  logged: ``run.log({"phase": "train"})``)."""
+  return np.asarray(values).dtype.kind == "U"
+
+
 def plain(values: np.ndarray) -> np.ndarray:
-  """``values`` as integers or IEEE floats, which every format can hold."""
+  """``values`` as integers or IEEE floats, which every format can hold;
+  text as it is."""
+  if values.dtype.kind == "U":
+    return values
   if values.dtype == np.bool_:
     return values.astype(np.int8)
   if np.iscomplexobj(values):
@@ -156,6 +167,9 @@ def column_texts(values: np.ndarray, json_style: bool) -> list[str]:
   """One text per row of a scalar column, floats in their shortest form for
   their own precision (a float32 0.1 is written ``0.1``)."""
   values = plain(values)
+  if values.dtype.kind == "U":  # (JSON escapes what is not ASCII)
+    return ([json.dumps(v) for v in values.tolist()] if json_style
+            else values.tolist())
   texts = texts_module.column(values, json_style)
   if texts is not None:
     return texts

@@ -4,7 +4,7 @@ never imported."""
 
 from __future__ import annotations
 
-from hostcall._apps.metrics import keys
+from hostcall._apps.metrics import config as _config, keys
 from hostcall._apps.metrics.block import Block
 from hostcall._apps.metrics.writer import Writer
 
@@ -24,8 +24,12 @@ class CluWriter(Writer):
   ``Run(writers=[clu_writer])`` wraps such an object in a ``CluWriter``
   itself. Each step of a block is one ``write_scalars(step, {key:
   value})``, with keys as ``MlflowWriter``'s (a vmap member's value is
-  ``<name>/member_<k>``, an array metric one key per element); ``flush``
-  and ``close`` are passed on (where the object has them).
+  ``<name>/member_<k>``, an array metric one key per element); a step's
+  text values are one ``write_texts(step, {key: text})`` (refused, when
+  ``Run.log`` is traced, where the object has no ``write_texts``); the
+  run's config is ``write_hparams(config)``, nested keys joined by ``.``
+  (where the object has it); ``flush`` and ``close`` are passed on (where
+  the object has them).
 
   Arguments:
     writer: the CLU writer.
@@ -70,14 +74,40 @@ class CluWriter(Writer):
     """
     keys.check_collisions(shapes, "CLU")
 
+  def check_texts(self, texts: dict[str, str]) -> None:
+    """Refuses text values where the CLU writer has no ``write_texts``.
+
+    Raises:
+      ValueError: naming the texts and why.
+    """
+    if not callable(getattr(self.writer, "write_texts", None)):
+      raise ValueError(
+          f"the CLU writer {self.writer!r} refuses the text value(s) "
+          f"{sorted(texts)}: it has no write_texts(step, texts), and "
+          "write_scalars takes numbers only. Log them without it, or give "
+          "it a write_texts (CLU's MetricWriter has one).")
+
+  def write_config(self, config: dict) -> None:
+    """Hands the run's config to the CLU writer's ``write_hparams`` (where
+    it has one), nested keys joined by ``.``."""
+    write_hparams = getattr(self.writer, "write_hparams", None)
+    if callable(write_hparams):
+      write_hparams(_config.flat(config))
+
   def write(self, block: Block) -> None:
-    """Calls ``write_scalars`` once per step of ``block``.
+    """Calls ``write_scalars`` once per step of ``block`` (and
+    ``write_texts`` for the step's text values).
 
     Arguments:
       block: the rows to write.
     """
-    for step, scalars in keys.steps(block):
-      self.writer.write_scalars(step, scalars)
+    for step, values in keys.steps(block):
+      texts = {k: v for k, v in values.items() if isinstance(v, str)}
+      scalars = {k: v for k, v in values.items() if k not in texts}
+      if scalars:
+        self.writer.write_scalars(step, scalars)
+      if texts:
+        self.writer.write_texts(step, texts)
 
   def flush(self) -> None:
     """The CLU writer's ``flush()``, where it has one."""

@@ -96,6 +96,19 @@ def make_own_part(path: pathlib.Path) -> bool:
   return True
 
 
+def remove_made(run_dir: pathlib.Path, paths: list) -> None:
+  """Removes ``run_dir``, made for a run that failed to open, and the
+  files of ``paths`` (None skipped) its writers made in it; a directory
+  that holds another file is left as it is."""
+  try:
+    for path in paths:
+      if isinstance(path, pathlib.Path) and path.parent == run_dir:
+        path.unlink(missing_ok=True)
+    run_dir.rmdir()
+  except OSError:  # another's file in it
+    pass
+
+
 def open_for_append(path: pathlib.Path, truncate: bool = True) -> int:
   """``path`` opened for appending (``O_APPEND``), emptied first where
   ``truncate`` (else what it holds is kept, and written after): every write

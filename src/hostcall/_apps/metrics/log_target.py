@@ -25,8 +25,13 @@ class LogTarget(PostponingTarget):
   names: tuple
   has_step: bool
   #: Made by a call outside ``jit``: its deliveries are counted out of
-  #: the sink's calls in flight (``sink.Users``).
+  #: the sink's calls in flight (``users.Users``).
   eager: bool = False
+  #: The call's text values, ``((name, text), ...)``: known when it was
+  #: traced, they never reach the device; each row has them.
+  texts: tuple = ()
+  #: Every metric's name, in the order given (``names`` and the texts').
+  order: tuple = ()
 
   delivery = "async"  # the device never waits for the writers
   remat = "once"  # a rematerialised step must not log its rows twice
@@ -74,11 +79,15 @@ class LogTarget(PostponingTarget):
     device = _device_column(context, rows)
     process = (None if sink.process is None
                else np.full(rows, sink.process, dtype=np.int64))
+    metrics = dict(zip(self.names, values))
+    if self.texts:
+      texts = {name: np.full(rows, text) for name, text in self.texts}
+      metrics = {name: metrics[name] if name in metrics else texts[name]
+                 for name in self.order}
     if rows:
-      sink.note_latest(int(step[-1]), {name: v[-1] for name, v in zip(
-          self.names, values)})
-    sink.put(Block(step, dict(zip(self.names, values)), member, device,
-                   process))
+      sink.note_latest(int(step[-1]), {name: v[-1] for name, v in
+                                       metrics.items()})
+    sink.put(Block(step, metrics, member, device, process))
 
 
 def _device_column(context, rows: int) -> np.ndarray | None:

@@ -18,7 +18,8 @@ class MemoryWriter(Writer):
   What ``Run(writers=["memory"])`` uses, and what ``Run.records()`` and
   ``Run.dataframe()`` read when the run has one (after flushing the run;
   read the writer itself only after ``hostcall.barrier()`` or
-  ``Run.flush()``).
+  ``Run.flush()``). Its ``config`` attribute is the run's config, as last
+  handed to it.
 
   Example:
     >>> import numpy as np, hostcall
@@ -31,6 +32,11 @@ class MemoryWriter(Writer):
 
   def __init__(self):
     self._blocks: list[Block] = []
+    self.config: dict[str, Any] = {}
+
+  def write_config(self, config: dict[str, Any]) -> None:
+    """Keeps the run's config (``config``)."""
+    self.config = dict(config)
 
   def write(self, block: Block) -> None:
     """Keeps ``block``.

@@ -12,14 +12,15 @@ from __future__ import annotations
 import logging
 import os
 import pathlib
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from hostcall import _jax_private
-from hostcall._apps.metrics import (files, processes as _processes, reading,
+from hostcall._apps.metrics import (config as _config, files, log_args,
+                                    processes as _processes, reading,
                                     registry, sink as _sinks)
 from hostcall._apps.metrics.log_target import LogTarget
 from hostcall._apps.metrics.memory import MemoryWriter
@@ -28,7 +29,7 @@ from hostcall._apps.metrics.writer import Writer
 from hostcall._runtime import queue as _queue
 from hostcall._core import bind
 from hostcall._core.context import why_waiting_is_forbidden
-from hostcall._core.checks import describe_leaf, is_array_like
+from hostcall._core.checks import is_array_like
 from hostcall._flavours.grad import on_backward
 
 logger = logging.getLogger("hostcall")
@@ -74,71 +75,6 @@ def _grad_stats(cotangent, stats) -> dict:
   return out
 
 
-def _describe(value) -> str:
-  if hasattr(value, "shape") and hasattr(value, "dtype"):
-    return f"an array of shape {tuple(value.shape)} and dtype {value.dtype}"
-  return describe_leaf(value)
-
-
-def _check_step(step, example: str) -> None:
-  """Refuses a ``step`` that is not one integer, or one that does not fit
-  JAX's default integer."""
-  if not is_array_like(step) or not jnp.issubdtype(
-      jnp.result_type(step), jnp.integer) or jnp.ndim(step) != 0:
-    raise TypeError(
-        "step must be one integer (traced or not; under vmap, one per "
-        f"member), got {_describe(step)}: {example}. To log a vector of "
-        "values per step, log it as a metric.")
-  if isinstance(step, (int, np.integer)) and not isinstance(step, bool):
-    dtype = jnp.result_type(int)  # int32, or int64 under x64
-    if not jnp.iinfo(dtype).min <= int(step) <= jnp.iinfo(dtype).max:
-      raise ValueError(
-          f"step {int(step)} does not fit JAX's default integer "
-          f"({jnp.dtype(dtype).name}): {example} takes steps "
-          f"from {jnp.iinfo(dtype).min} to {jnp.iinfo(dtype).max}. "
-          "Enable 64-bit integers (jax.config.update('jax_enable_x64', "
-          "True)) for larger steps.")
-
-
-def _metrics_of(args: tuple, step, metrics: dict) -> tuple[Any, dict]:
-  """``(step, metrics)`` of ``Run.log``'s arguments: ``log(step,
-  **metrics)``, ``log({name: value}, step=step)`` (W&B's form) or
-  ``log(step, {name: value})``."""
-  given = [a for a in args if isinstance(a, Mapping)]
-  others = [a for a in args if not isinstance(a, Mapping)]
-  if len(args) > 2 or len(given) > 1 or len(others) > 1:
-    raise TypeError(
-        f"Run.log takes a step and a dict of metrics (or metrics as "
-        f"name=value), e.g. run.log(step, loss=loss) or run.log({{'loss': "
-        f"loss}}, step=step); got {len(args)} positional arguments: "
-        f"{', '.join(_describe(a) for a in args)}.")
-  if others:
-    if step is not None:
-      raise TypeError(
-          f"Run.log got the step twice: {_describe(others[0])} "
-          f"positionally and step={_describe(step)}; give it once.")
-    step = others[0]
-  if given:
-    named = dict(given[0])
-    for name in named:
-      if not isinstance(name, str):
-        raise TypeError(f"Run.log's dict of metrics is keyed by names "
-                        f"(str), got the key {name!r} of type "
-                        f"{type(name).__name__}.")
-    if "step" in named:
-      raise ValueError(
-          "Run.log's dict of metrics has the key 'step', the column of "
-          "step numbers: give the step as run.log(metrics, step=step), or "
-          "rename the metric.")
-    both = sorted(set(named) & set(metrics))
-    if both:
-      raise ValueError(
-          f"Run.log got the metric(s) {both} twice: in the dict and as "
-          "name=value; give each once.")
-    metrics = {**named, **metrics}
-  return step, metrics
-
-
 class Run:
   """A named run whose metrics are logged from inside ``jit``, ``scan``,
   ``vmap`` and ``grad``, without the device waiting for the disk.
@@ -155,8 +91,10 @@ class Run:
       ``hostcall.metrics.Writer`` instances, or CLU ``MetricWriter``s (any
       object with ``write_scalars(step, scalars)``, ``flush()``,
       ``close()``).
-    params: hyper-parameters (a dict), for the writers that keep them:
-      the MLflow run's parameters, the W&B run's config.
+    params: hyper-parameters (a dict of JSON values), the run's first
+      ``config``: every writer keeps it (``config.json`` beside the file
+      writers' rows, the MLflow run's parameters, the W&B run's config,
+      TensorBoard's hparams, a CLU writer's ``write_hparams``).
     processes: in a job of several processes (``jax.distributed``), who
       writes: ``"each"`` (the default: every process writes its own rows,
       to ``<root>/<name>/process_<k>/`` and its own MLflow / W&B run,
@@ -187,6 +125,8 @@ class Run:
     dir: the directory its files go to (``pathlib.Path``).
     id: a number no other run of this process has.
     writers: its writers (the named ones made).
+    config: its config (``Run(params=...)``, updated as ``wandb.config``
+      is: ``run.config.update({...})``).
 
   A run that fails to open (a writer whose extra is missing, a tracking
   tool that refuses to start, a directory that cannot be made) changes
@@ -235,6 +175,7 @@ class Run:
       raise TypeError(f"Run(params=...) is a dict of hyper-parameters, e.g. "
                       f"params={{'lr': 0.1}}; got {params!r} of type "
                       f"{type(params).__name__}.")
+    params = _config.as_dict(params or {}, "Run(params=...)")
     processes = _processes.check_mode(processes)
     if not isinstance(exists, str) or exists not in EXISTS:
       raise ValueError(
@@ -273,6 +214,9 @@ class Run:
       if part:  # (in a directory process 0 named, new where "new")
         self.dir = self.dir / part
         made = writes and exists == "new" and files.make_own_part(self.dir)
+      if exists == "append":  # the earlier run's config, then this one's
+        params = {**_config.read_config(self.dir / _config.FILE), **params} \
+            if (self.dir / _config.FILE).is_file() else params
       self._sink = RunSink(name, self.dir, writers, params=params,
                            processes=processes, job=job, exists=exists,
                            channel=channel, owner=self, dir_made=made)
@@ -281,6 +225,27 @@ class Run:
         files.release_run_dir(claimed)
     self.id = self._sink.id
     self.writers: list = self._sink.writers
+    self._config = _config.Config(self._sink.current)
+
+  @property
+  def config(self) -> _config.Config:
+    """The run's config, as W&B's ``wandb.config``: ``Run(params=...)``,
+    then what ``run.config.update({...})`` (or ``run.config["k"] = v``)
+    adds; every writer keeps it (``config.json`` beside the rows, MLflow's
+    parameters, W&B's config, TensorBoard's hparams), and
+    ``hostcall.metrics.read_config`` reads it back. A key's value is
+    refused a change unless ``allow_val_change=True``.
+
+    Example:
+      >>> import hostcall, tempfile
+      >>> run = hostcall.metrics.Run("doc-config", root=tempfile.mkdtemp(),
+      ...                            params={"lr": 0.1})
+      >>> run.config.update({"batch": 32}); run.config.lr
+      0.1
+      >>> run.close(); (run.dir / "config.json").exists()
+      True
+    """
+    return self._config
 
   def __repr__(self):
     return f"hostcall.metrics.Run({self.name!r}, dir={str(self.dir)!r})"
@@ -296,18 +261,22 @@ class Run:
         ``vmap``, one per member), positional or ``step=``; None numbers
         the calls of this run on the host 0, 1, 2, ...
       **metrics: name=value; JAX arrays, NumPy arrays of numbers or
-        booleans, or Python numbers (not text: refused). Any string but
+        booleans, Python numbers, text (``str``, known when the call is
+        traced: it stays on the host), or dicts of them, whose keys are
+        joined by ``.`` as W&B names them (``{"train": {"loss": l}}`` is
+        the metric ``train.loss``). Any string but
         ``step``, ``member``, ``device`` and ``process`` (columns hostcall
         fills) is a valid name for the file writers; a tracking tool's
         writer refuses, when the call is traced, names its tool does not
-        take (MLflow: ``"acc@1"``, say), saying which and why. A name given
+        take (MLflow: ``"acc@1"``, say), and a writer that cannot keep text
+        refuses text, saying which and why. A name given
         in the dict and as name=value is refused.
 
     Works inside and outside ``jit``; returns nothing. The values reach the
     writers asynchronously (see ``hostcall.set_delivery``).
     """
     self._sink.refuse_in_a_forked_child("log to it")
-    step, metrics = _metrics_of(args, step, metrics)
+    step, metrics = log_args.metrics_of(args, step, metrics)
     sink = self._sink.current()
     if sink.closed:
       raise RuntimeError(f"{sink!r} is closed; open a new Run to log more.")
@@ -315,29 +284,25 @@ class Run:
       raise TypeError("Run.log needs at least one metric, e.g. "
                       "run.log(step, loss=loss) or run.log({'loss': loss}, "
                       "step=step).")
-    names = tuple(metrics)
-    reserved = sorted(set(names) & _INDEX_COLUMNS)
+    reserved = sorted(set(metrics) & _INDEX_COLUMNS)
     if reserved:
       raise ValueError(
           f"the metric name(s) {reserved} are columns hostcall fills itself "
           "(the vmap member, the device and the process of each row); "
           f"choose another name, e.g. run.log({reserved[0]}_id=...).")
-    for name, value in metrics.items():
-      if not is_array_like(value):
-        raise TypeError(
-            f"metric {name!r}: expected a JAX array, a NumPy array of "
-            f"numbers or booleans, or a Python number, got "
-            f"{describe_leaf(value)}. Log numbers; put text in the run name "
-            "or a separate file.")
-    operands = [jnp.asarray(v) for v in metrics.values()]
-    sink.check_metrics({n: tuple(v.shape) for n, v in zip(names, operands)})
+    values, texts = log_args.split_texts(metrics)
+    names = tuple(values)
+    operands = [jnp.asarray(v) for v in values.values()]
+    shapes = {n: tuple(v.shape) for n, v in zip(names, operands)}
+    sink.check_metrics({n: shapes.get(n, ()) for n in metrics}, texts)
     if step is not None:
-      _check_step(step, "run.log(step, loss=...)")
+      log_args.check_step(step, "run.log(step, loss=...)")
       operands.insert(0, jnp.asarray(step))
     # A call outside jit is counted until delivered; a call site traced
     # into a program logs to the run while that program lives.
     eager = _jax_private.is_top_level()
-    log_target = LogTarget(sink, sink.id, names, step is not None, eager)
+    log_target = LogTarget(sink, sink.id, names, step is not None, eager,
+                           texts=tuple(texts.items()), order=tuple(metrics))
     if eager:
       sink.users.eager_calls(1)
     else:
@@ -409,7 +374,7 @@ class Run:
       self.log(saved_step, **metrics)
 
     if step is not None:
-      _check_step(step, "run.log_grad(step, w=w)")
+      log_args.check_step(step, "run.log_grad(step, w=w)")
     values = tuple(named.values())
     for name, value in named.items():
       leaves = jax.tree_util.tree_leaves(value)
@@ -419,7 +384,7 @@ class Run:
         raise TypeError(
             f"log_grad: {name!r} must be a float array (or a pytree of "
             f"them), a value a gradient flows through; got "
-            f"{_describe(leaves[0]) if leaves else repr(value)}.")
+            f"{log_args.describe(leaves[0]) if leaves else repr(value)}.")
     out = on_backward(values, step, stage)
     return out[0] if len(out) == 1 else tuple(out)
 

@@ -18,19 +18,22 @@ run open, not one a time.
 from __future__ import annotations
 
 import atexit
+import copy
+import inspect
 import itertools
 import logging
 import os
 import pathlib
 import threading
-import weakref
 from typing import Any, Iterable
 
 import numpy as np
 
-from hostcall._apps.metrics import (processes as _processes, registry,
+from hostcall._apps.metrics import (config as _config, files as _files,
+                                    processes as _processes, registry,
                                     writer_thread)
 from hostcall._apps.metrics.block import Block
+from hostcall._apps.metrics.users import Users
 from hostcall._runtime import errors, queue as _queue
 from hostcall._runtime.barriers import add_barrier_hook
 from hostcall._core.context import why_waiting_is_forbidden
@@ -42,38 +45,6 @@ _open: list["RunSink"] = []
 _open_lock = threading.Lock()
 
 
-class Users:
-  """What can log to one sink (see ``RunSink.in_use``): weak references to
-  its ``Run`` object and its call sites traced into programs (``add``), and
-  how many calls made outside ``jit`` are not yet delivered
-  (``eager_calls``: +1 a call made, -1 a call delivered). Holds no sink: a
-  sink that replaced this one's keeps it."""
-
-  lock = threading.Lock()  # one for all: a replaced sink's are shared
-
-  def __init__(self, owner=None):
-    self.refs: list[weakref.ref] = [] if owner is None else [
-        weakref.ref(owner)]
-    self.eager = 0
-    self._pruned_at = 64
-
-  def add(self, user) -> None:
-    with self.lock:
-      self.refs.append(weakref.ref(user))
-      if len(self.refs) > self._pruned_at:  # a program traced many times
-        self.refs[:] = [r for r in self.refs if r() is not None]
-        self._pruned_at = max(64, 2 * len(self.refs))
-
-  def eager_calls(self, count: int) -> None:
-    with self.lock:
-      self.eager = max(0, self.eager + count)
-
-  def alive(self) -> bool:
-    """(Called holding ``lock``.)"""
-    self.refs[:] = [r for r in self.refs if r() is not None]
-    return bool(self.refs) or self.eager > 0
-
-
 class RunSink:
   """Where a run's rows go on the host: counted as they are put, written by
   the writer thread to the run's writers, waited for by ``drain``.
@@ -83,7 +54,8 @@ class RunSink:
     run_dir: the run's directory.
     specs: the writers, as ``Run(writers=...)`` takes them (names or
       ``Writer`` instances).
-    params: the run's hyper-parameters, for the writers that take them.
+    params: the run's config when it opens (JSON values), handed to every
+      writer (``Writer.write_config``) and to those that take it when made.
     processes: who writes in a job of several processes (one of
       ``processes.MODES``).
     job: the job's processes.
@@ -103,6 +75,8 @@ class RunSink:
       directory), or None.
     closed: whether rows are refused.
     users: what can log to it (``Users``).
+    config: the run's config (``Run.config``), read and changed holding
+      ``config_lock``.
     tally: how many puts the writer thread has written.
     process: the ``process`` column of this process's rows (None in a job
       of one process).
@@ -137,6 +111,8 @@ class RunSink:
     self.process = job.process
     self._gather: _processes.Gather | None = None
     self._checked: set = set()  # the metrics' names and shapes checked
+    self.config: dict = dict(params or {})
+    self.config_lock = threading.Lock()
     self._channel = channel
     self.users = Users(owner)
     self._all_users = [self.users]  # and those of the sinks it replaced
@@ -186,6 +162,9 @@ class RunSink:
           start_afresh = getattr(writer, "start_afresh", None)
           if start_afresh is not None:
             start_afresh()
+      if self.config:  # (before the writer thread hands them a row)
+        self._each_writer("check_config", self.config)
+        self._each_writer("write_config", self.config)
     except BaseException:
       self.closed = True
       self._writers_closed = True
@@ -201,14 +180,8 @@ class RunSink:
           logger.debug("hostcall: closing %r of a run that failed to open",
                        writer, exc_info=True)
       if created:  # the directory made for it, and the files made in it
-        try:
-          for writer in made:
-            path = getattr(writer, "path", None)
-            if isinstance(path, pathlib.Path) and path.parent == self.dir:
-              path.unlink(missing_ok=True)
-          self.dir.rmdir()
-        except OSError:  # another's file in it: left as it is
-          pass
+        _files.remove_made(self.dir, [self.dir / _config.FILE] + [
+            getattr(writer, "path", None) for writer in made])
       with _open_lock:
         if self in _open:
           _open.remove(self)
@@ -304,18 +277,44 @@ class RunSink:
                                                    in_use[1:]) if alive]
       return any(in_use)
 
-  def check_metrics(self, shapes: dict[str, tuple]) -> None:
+  def _each_writer(self, method: str, *args) -> None:
+    """Calls ``method`` of each writer that has it (a copy of each
+    argument each), raising the first failure."""
+    for writer in self.writers:
+      call = getattr(writer, method, None)
+      if callable(call):
+        call(*(dict(a) for a in args))
+
+  def check_metrics(self, shapes: dict[str, tuple],
+                    texts: dict[str, str] | None = None) -> None:
     """Has each writer refuse, when a ``Run.log`` call is traced, metrics
-    it could not keep (``Writer.check_metrics``); each set of names and
-    shapes is checked once."""
-    key = tuple(shapes.items())
+    it could not keep (``Writer.check_metrics``: every name, a text's shape
+    ``()``; given ``texts=`` where it takes them) and texts
+    (``Writer.check_texts``); each set of names, shapes and texts is
+    checked once."""
+    texts = texts or {}
+    key = (tuple(shapes.items()), tuple(texts.items()))
     if key in self._checked:
       return
     for writer in self.writers:
       check = getattr(writer, "check_metrics", None)
-      if callable(check):
-        check(dict(shapes))
+      if callable(check):  # (texts= where it takes them)
+        check(dict(shapes), **({"texts": dict(texts)} if "texts" in
+                                inspect.signature(check).parameters else {}))
+    if texts:
+      self._each_writer("check_texts", texts)
     self._checked.add(key)
+
+  def update_config(self, changes: dict) -> None:
+    """Has each writer check ``changes`` (``Writer.check_config``), then
+    keeps them and hands the whole config to the writers, after the rows
+    put before (called holding ``config_lock``)."""
+    if self.current().closed:
+      raise RuntimeError(f"{self!r} is closed; its config can no longer "
+                         "change. Open a new Run (params=...).")
+    self._each_writer("check_config", changes)
+    self.config.update(changes)
+    self.put(_config.Update(copy.deepcopy(self.config)))
 
   # From the taps' delivery ------------------------------------------------
 
@@ -344,8 +343,10 @@ class RunSink:
           break
       sink = sink.current()
     if closed:
+      what = ("a config change was" if isinstance(block, _config.Update)
+              else f"{len(block)} row(s) were")
       raise RuntimeError(
-          f"{len(block)} row(s) were logged to {sink!r} after it was closed, "
+          f"{what} logged to {sink!r} after it was closed, "
           "by a function compiled while it was open; they were dropped. "
           "Open a new Run (or close this one after the last log).")
     writer_thread.shared.put(sink, block)
@@ -367,9 +368,13 @@ class RunSink:
     return self._write_now(block, count)
 
   def _write_now(self, block, count: int = 1) -> int:
+    config = block.config if isinstance(block, _config.Update) else None
     for writer in self.writers:
       try:
-        writer.write(block)
+        if config is None:
+          writer.write(block)
+        elif callable(getattr(writer, "write_config", None)):
+          writer.write_config(dict(config))
       except BaseException as exc:  # noqa: BLE001 - others still write
         errors.postpone(exc, f"metrics writer {writer!r}")
     return count

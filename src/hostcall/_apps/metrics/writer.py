@@ -9,6 +9,8 @@ the device. A named writer (``Run(writers=["jsonl"])``) is found through
 
 from __future__ import annotations
 
+from typing import Any
+
 from hostcall._apps.metrics.block import Block
 
 
@@ -19,7 +21,9 @@ class Writer:
   writers=[MyWriter(...)])``) calls its ``write`` with every block of rows
   logged, on the run's writer thread (shared by every run of the process,
   never the thread that delivers callbacks), in the order the blocks were
-  logged; ``flush`` at every ``hostcall.barrier()`` and ``Run.flush()``;
+  logged; ``write_config`` with the run's config when the run opens (where
+  it has one) and when it changes; ``flush`` at every ``hostcall.barrier()``
+  and ``Run.flush()``;
   ``close`` once, when the run closes (``Run.close()``, a new run of the
   same directory, or interpreter exit). Only ``write`` must be defined.
 
@@ -64,13 +68,56 @@ class Writer:
 
     Arguments:
       shapes: the call's metrics: ``{name: shape}`` (a scalar's shape is
-        ``()``; under ``vmap``, a member's).
+        ``()``; under ``vmap``, a member's; a text value's ``()``). A
+        subclass whose ``check_metrics`` takes ``texts=`` is given the
+        call's text values by name too.
 
     Raises:
       ValueError: a name (or a name beside another) the writer refuses,
         saying which writer, which name and why.
     """
     del shapes
+
+  def check_texts(self, texts: dict[str, str]) -> None:
+    """Refuses text values this writer could not keep, when a ``Run.log``
+    call with text values (``run.log({"phase": "train"})``) is traced;
+    their names are also among ``check_metrics``' shapes, as scalars. The
+    base class takes every text (a ``write`` then finds a column of
+    NumPy text, dtype ``str``, in ``block.metrics``).
+
+    Arguments:
+      texts: the call's text values by name.
+
+    Raises:
+      ValueError: a text the writer refuses, saying which writer and why.
+    """
+    del texts
+
+  def check_config(self, changes: dict[str, Any]) -> None:
+    """Refuses a change of the run's config this writer could not keep
+    (``run.config.update``, or ``Run(params=...)`` when the run opens),
+    before anything changes. The base class takes every change.
+
+    Arguments:
+      changes: the keys that change (or are new) and their values (JSON
+        values: numbers, bools, text, None, lists and dicts of them).
+
+    Raises:
+      ValueError: naming the writer, the key and why.
+    """
+    del changes
+
+  def write_config(self, config: dict[str, Any]) -> None:
+    """Keeps the run's config: called with the whole config when the run
+    opens (where it has one) and after each change, in order with the
+    blocks (on the writer thread once the run is open). The base class
+    keeps nothing.
+
+    Arguments:
+      config: the run's config, every key (JSON values; nested dicts for
+        nested keys).
+    """
+    del config
 
   def flush(self) -> None:
     """Makes every row written so far reach its destination (a file's
