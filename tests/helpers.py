@@ -117,3 +117,36 @@ class FakeCoordinationClient:
     with self.changed:
       del self.values[key]
       self.deleted.append(key)
+
+
+def wandb_records(sync_file) -> list[dict]:
+  """The records of an offline W&B run's file (its run's
+  ``settings.sync_file``), as wandb's own reader prints them (``wandb leet
+  inspect --json``): ``{"type": "history" | "run" | "config" | ..., ...}``."""
+  import json
+  log = pathlib.Path(sync_file)
+  assert log.is_absolute() and log.exists(), log
+  done = subprocess.run(
+      [sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(log)],
+      capture_output=True, text=True, timeout=120, check=True)
+  return [json.loads(line) for line in done.stdout.splitlines()
+          if line.startswith("{")]
+
+
+def tensorboard_events(logdir) -> list:
+  """The events of a TensorBoard log directory's event files, parsed with
+  the protobufs tensorboardX ships (``tensorboard``, whose reader this
+  stands for, is not a test extra): each file a sequence of records,
+  ``length (uint64), its CRC (uint32), data, its CRC (uint32)``."""
+  import struct
+  from tensorboardX.proto import event_pb2
+  events = []
+  for path in sorted(pathlib.Path(logdir).glob("events.out.tfevents.*")):
+    data, at = path.read_bytes(), 0
+    while at < len(data):
+      (size,) = struct.unpack("<Q", data[at:at + 8])
+      event = event_pb2.Event()
+      event.ParseFromString(data[at + 12:at + 12 + size])
+      events.append(event)
+      at += 12 + size + 4
+  return events

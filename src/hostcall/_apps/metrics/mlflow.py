@@ -4,15 +4,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pathlib
 import posixpath
 import re
+import sqlite3
 import time
 from typing import Any, Mapping
 
-from hostcall._apps.metrics import keys, registry
+from hostcall._apps.metrics import config as _config, keys, registry
 from hostcall._apps.metrics.block import Block
 from hostcall._apps.metrics.writer import Writer
 
@@ -32,6 +34,9 @@ def _said(exc: BaseException) -> str:
 _NAME_CHARACTERS = re.compile(r"[/\w.\- :]*")
 MAX_KEY_LENGTH = 250
 MAX_PARAM_VALUE_LENGTH = 6000
+MAX_TAG_VALUE_LENGTH = 8000
+#: The most parameters or tags one ``log_batch`` call takes (MLflow's).
+MAX_PARAMS_TAGS = 100
 RULE = ("MLflow's names may only contain letters, digits, underscores (_), "
         "dashes (-), periods (.), spaces, colons (:) and slashes (/), must "
         "read the same as a normalised path (no leading '/', '//', './' or "
@@ -60,18 +65,59 @@ def refusal(name: str) -> str | None:
   return None
 
 
-def _check_params(params: Mapping[str, Any]) -> None:
-  """Refuses parameters MLflow would refuse (which would lose them all)."""
+def _param_text(value) -> str:
+  """A parameter's value as MLflow keeps it: text (a config's JSON values
+  as JSON, text as it is)."""
+  return value if isinstance(value, str) else (
+      _config.as_text(value) if isinstance(value, (list, dict, type(None)))
+      else str(value))
+
+
+def _check_params(params: Mapping[str, Any],
+                  logged: Mapping[str, str] | None = None) -> None:
+  """Refuses parameters MLflow would refuse (which would lose them all):
+  names it does not take, values too long, and a new value of a parameter
+  ``logged`` before (MLflow keeps a parameter's first value)."""
   for key, value in params.items():
     why = refusal(str(key))
-    if why is None and len(str(value)) > MAX_PARAM_VALUE_LENGTH:
-      why = (f"its value has {len(str(value))} characters, more than "
+    text = _param_text(value)
+    if why is None and len(text) > MAX_PARAM_VALUE_LENGTH:
+      why = (f"its value has {len(text)} characters, more than "
              f"MLflow's {MAX_PARAM_VALUE_LENGTH}")
     if why is not None:
       raise ValueError(
           f"the MLflow writer refuses the parameter {str(key)!r}: {why}. "
           f"{RULE}. Rename it (e.g. {_renamed(str(key))!r}) or leave it out "
-          "of params=.")
+          "of params= (or of run.config).")
+    if logged and logged.get(key, text) != text:
+      raise ValueError(
+          f"the MLflow writer refuses to change the parameter {key!r} from "
+          f"{logged[key]!r} to {text!r}: an MLflow run keeps a parameter's "
+          "first value. Set another key, or start another Run.")
+
+
+def _sqlite_file(uri: str):
+  """The file of an SQLite tracking store's URI (``sqlite:///path``), or
+  None for another store (or an in-memory database)."""
+  if not uri.startswith("sqlite:"):
+    return None
+  from sqlalchemy.engine import make_url  # mlflow's extra installs it
+  database = make_url(uri).database
+  return None if database in (None, "", ":memory:") else pathlib.Path(
+      database)
+
+
+def _probe_sqlite(uri: str) -> None:
+  """Opens the SQLite tracking store of ``uri`` once, and raises what
+  SQLite says where it cannot (a read-only directory, a directory where
+  the file should be): MLflow would instead retry for 100 s before it
+  raised. A store that is not SQLite is left to MLflow."""
+  path = _sqlite_file(uri)
+  if path is None:
+    return
+  path.parent.mkdir(parents=True, exist_ok=True)  # as MLflow does
+  with contextlib.closing(sqlite3.connect(path, timeout=5)) as db:
+    db.execute("PRAGMA schema_version").fetchall()
 
 
 def _renamed(name: str) -> str:
@@ -157,8 +203,10 @@ class MlflowWriter(Writer):
     self._run_name = run_name
     self._experiment = (experiment if experiment is not None
                         else os.environ.get("MLFLOW_EXPERIMENT_NAME"))
-    self._params = dict(params or {})
+    self._params = {str(k): _param_text(v) for k, v in
+                    _config.flat(dict(params or {})).items()}
     _check_params(self._params)
+    self._logged: dict[str, str] = {}  # the parameters the store has
     self._tags = {str(k): str(v) for k, v in (tags or {}).items()}
     self.tracking_uri = tracking_uri or self._mlflow.get_tracking_uri()
     self.client = None
@@ -178,6 +226,7 @@ class MlflowWriter(Writer):
 
   def _start(self) -> None:
     """Makes the MLflow run (and its experiment) and logs its parameters."""
+    _probe_sqlite(self.tracking_uri)
     if self.client is None:
       self.client = self._mlflow.MlflowClient(tracking_uri=self.tracking_uri)
     experiment_id = None
@@ -188,10 +237,68 @@ class MlflowWriter(Writer):
     run = self.client.create_run(experiment_id or "0", tags=self._tags,
                                  run_name=self._run_name)
     self.run_id = run.info.run_id
-    params = [self._entities.Param(str(k), str(v))
-              for k, v in self._params.items()]
-    for first in range(0, len(params), 100):  # MLflow's bound on params
-      self.client.log_batch(self.run_id, params=params[first:first + 100])
+    self._log_params()
+
+  def _log_params(self) -> None:
+    """Logs the parameters the store does not have yet."""
+    params = [self._entities.Param(k, v) for k, v in self._params.items()
+              if k not in self._logged]
+    for first in range(0, len(params), MAX_PARAMS_TAGS):
+      batch = params[first:first + MAX_PARAMS_TAGS]
+      self.client.log_batch(self.run_id, params=batch)
+      self._logged.update((p.key, p.value) for p in batch)
+
+  def check_config(self, changes: dict[str, Any]) -> None:
+    """Refuses a config change MLflow cannot keep: a parameter's name it
+    refuses, a value longer than 6000 characters, or a new value of a
+    parameter (an MLflow run keeps a parameter's first value).
+
+    Arguments:
+      changes: the config's keys that change, and their values.
+
+    Raises:
+      ValueError: naming the parameter and why.
+    """
+    _check_params({k: _param_text(v) for k, v in
+                   _config.flat(changes).items()}, self._params)
+
+  def write_config(self, config: dict[str, Any]) -> None:
+    """Logs the config's keys that are not parameters of the MLflow run
+    yet as its parameters (nested keys joined by ``.``, values as text);
+    where the store has not answered yet, when it does."""
+    for key, value in _config.flat(config).items():
+      self._params.setdefault(key, _param_text(value))
+    if self.run_id is not None:
+      try:
+        self._log_params()
+      except Exception as exc:
+        self._failed = True
+        raise RuntimeError(
+            f"MLflow tracking store {self.tracking_uri!r} refused the "
+            f"parameters of run {self.run_id} ({_said(exc)}). Check that "
+            "the store is reachable and writable.") from exc
+
+  def check_texts(self, texts: dict[str, str]) -> None:
+    """Refuses, when ``Run.log`` is traced, a text MLflow cannot keep as a
+    tag: longer than 8000 characters, or named as MLflow's own tags
+    (``mlflow.*``). Its name is checked as a metric's is.
+
+    Raises:
+      ValueError: naming the text and why.
+    """
+    for name, text in texts.items():
+      why = None
+      if name.startswith("mlflow."):
+        why = ("MLflow keeps its own tags under 'mlflow.' (the run's name, "
+               "user, source, ...), and this one would overwrite one")
+      elif len(text) > MAX_TAG_VALUE_LENGTH:
+        why = (f"it has {len(text)} characters, more than an MLflow tag's "
+               f"{MAX_TAG_VALUE_LENGTH}")
+      if why is not None:
+        raise ValueError(
+            f"the MLflow writer refuses the text {name!r}: {why}. MLflow "
+            "keeps a text value as a tag of the run. Rename it, or log it "
+            "without the MLflow writer.")
 
   def check_metrics(self, shapes: dict[str, tuple]) -> None:
     """Refuses, when ``Run.log`` is traced, names MLflow refuses and an
@@ -236,9 +343,18 @@ class MlflowWriter(Writer):
             "is reachable and writable.") from (failure or exc)
     timestamp = int(time.time() * 1000)
     Metric = self._entities.Metric
-    metrics = [Metric(key, float(value), timestamp, step)
-               for step, scalars in keys.steps(block)
-               for key, value in scalars.items()]
+    metrics, texts = [], {}
+    for step, scalars in keys.steps(block):
+      for key, value in scalars.items():
+        if isinstance(value, str):
+          texts[key] = value  # a tag keeps one value: the last
+        else:
+          metrics.append(Metric(key, float(value), timestamp, step))
+    self._log(metrics, texts)
+
+  def _log(self, metrics: list, texts: dict[str, str]) -> None:
+    """Logs ``metrics`` and then ``texts`` as tags, in batches."""
+    tags = [self._entities.RunTag(k, v) for k, v in texts.items()]
     first = 0
     try:
       for first in range(0, len(metrics), self.BATCH):
@@ -253,6 +369,16 @@ class MlflowWriter(Writer):
           f"{len(lost)} metric value(s) are not in MLflow run "
           f"{self.run_id} (the run's other writers have their rows). Check "
           "that the store is reachable and writable.") from exc
+    try:
+      for first in range(0, len(tags), MAX_PARAMS_TAGS):
+        self.client.log_batch(self.run_id,
+                              tags=tags[first:first + MAX_PARAMS_TAGS])
+    except Exception as exc:
+      self._failed = True
+      raise RuntimeError(
+          f"MLflow tracking store {self.tracking_uri!r} refused the text "
+          f"tags {sorted(texts)} ({_said(exc)}); they are not in MLflow run "
+          f"{self.run_id} (the run's other writers have their rows).") from exc
 
   def close(self) -> None:
     """Ends the MLflow run (``FINISHED``, or ``FAILED`` where a block could

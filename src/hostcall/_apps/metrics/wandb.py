@@ -71,10 +71,10 @@ class WandbWriter(Writer):
     return f"WandbWriter({self.run.name!r})"
 
   def check_metrics(self, shapes: dict[str, tuple]) -> None:
-    """Refuses, when ``Run.log`` is traced, the names of W&B's own history
-    columns (``_step``, ``_runtime``, ``_timestamp``), and an array metric
-    beside a metric named as one of its elements' keys (``w`` and
-    ``w/0``).
+    """Refuses, when ``Run.log`` is traced, the empty name, the names of
+    W&B's own history columns (``_step``, ``_runtime``, ``_timestamp``),
+    and an array metric beside a metric named as one of its elements'
+    keys (``w`` and ``w/0``).
 
     Arguments:
       shapes: ``{name: shape}`` of the call's metrics.
@@ -83,12 +83,46 @@ class WandbWriter(Writer):
       ValueError: naming the metric and why.
     """
     for name in shapes:
+      if name == "":
+        raise ValueError(
+            "the W&B writer refuses the metric name '': W&B keeps no "
+            "metric without a name in its history (its readers skip it), "
+            "so its values would be lost. Name it, e.g. 'value'.")
       if name in _WANDB_COLUMNS and shapes[name] == ():
         raise ValueError(
             f"the W&B writer refuses the metric name {name!r}: W&B fills "
             f"the history column {name!r} itself ({', '.join(_WANDB_COLUMNS)}"
             f"), and would mix the two. Rename it, e.g. {name[1:]!r}.")
     keys.check_collisions(shapes, "W&B")
+
+  def check_config(self, changes: dict[str, Any]) -> None:
+    """Refuses a config key W&B would rename (it strips leading and
+    trailing ``-``: ``"--lr"`` would be ``lr``) or keeps for itself
+    (``_wandb``).
+
+    Raises:
+      ValueError: naming the key and why.
+    """
+    for key in changes:
+      if key == "_wandb":
+        why, fix = "keeps it for its own settings", "wandb_"
+      elif key.strip("-") != key:
+        why, fix = "strips a key's leading and trailing '-'", (
+            key.strip("-") or "key")
+      else:
+        continue
+      raise ValueError(
+          f"the W&B writer refuses the config key {key!r}: W&B {why}, so "
+          f"the key would not be {key!r} there. Rename it, e.g. {fix!r}.")
+
+  def write_config(self, config: dict[str, Any]) -> None:
+    """Updates the W&B run's config with the keys whose value it does not
+    hold (``run.config.update``, values allowed to change)."""
+    held = self.run.config
+    changed = {k: v for k, v in config.items()
+               if k not in held or held[k] != v}
+    if changed:
+      self.run.config.update(changed, allow_val_change=True)
 
   def write(self, block: Block) -> None:
     """Logs the rows of ``block``: one ``run.log`` per step, with every
