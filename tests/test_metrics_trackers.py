@@ -12,7 +12,6 @@ import os
 import pathlib
 import subprocess
 import threading
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -21,7 +20,7 @@ import pytest
 
 import hostcall
 from hostcall import metrics, progress
-from tests.helpers import FakeCoordinationClient
+from tests.helpers import FakeCoordinationClient, wandb_records
 
 STEPS, MEMBERS, EVERY = 23, 3, 5  # the last chunk of the scan is partial
 
@@ -249,13 +248,7 @@ def wandb_offline(tmp_path, monkeypatch):
 def _wandb_records(wandb_run):
   """The records of an offline W&B run, as wandb's own reader prints them
   (``wandb leet inspect --json``)."""
-  log = pathlib.Path(wandb_run.settings.sync_file)
-  assert log.is_absolute() and log.exists(), log
-  done = subprocess.run(
-      [sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(log)],
-      capture_output=True, text=True, timeout=120, check=True)
-  return [json.loads(line) for line in done.stdout.splitlines()
-          if line.startswith("{")]
+  return wandb_records(wandb_run.settings.sync_file)
 
 
 def _wandb_values(records):
