@@ -182,9 +182,10 @@ def test_a_writer_going_on_with_a_torn_file_cuts_its_last_row(kind, torn,
     whole = ""
   path.write_bytes((whole + torn).encode())
   with pytest.warns(metrics.IncompleteRowsWarning,
-                    match=f"cut off its last row, {len(torn)} byte"):
+                    match=f"cut off its last row, {len(torn)} byte") as caught:
     writer = (metrics.JsonlWriter if kind == "jsonl" else metrics.CsvWriter)(
         path, append=True)
+  assert caught[0].filename == __file__
   assert path.read_bytes() == whole.encode()
   writer.write(metrics.Block(step=np.array([2]), metrics={
       "loss": np.float32([2.0])}))

@@ -3,6 +3,7 @@ rows and config with NumPy alone (pandas unimportable), several runs (a
 list, a glob) read into one table with a run column, DataFrame or not, and
 ``plot`` / ``hostcall plot`` overlay them."""
 
+import importlib.util
 import json
 import pathlib
 import subprocess
@@ -246,3 +247,20 @@ def test_hostcall_plot_compares_runs_named_or_globbed(tmp_path):
   nothing = _hostcall("plot", str(tmp_path / "nope-*"))
   assert nothing.returncode == 2 and "no run matches" in nothing.stderr
   assert "Traceback" not in unknown.stderr + nothing.stderr
+
+
+def test_a_skipped_row_is_told_at_the_line_that_read_it(tmp_path):
+  path = _run(tmp_path, "cut", [{"step": 0, "loss": 1.0}])
+  with open(path / "metrics.jsonl", "a") as f:
+    f.write('{"step": 1, "lo')
+  readers = [metrics.load]
+  if importlib.util.find_spec("matplotlib") is not None:
+    readers.append(metrics.plot)  # through load, from another module
+  for reader in readers:
+    with pytest.warns(metrics.IncompleteRowsWarning,
+                      match=r"skipped 1 incomplete row\(s\) \(line\(s\) 2\)"
+                      ) as caught:
+      reader(path)
+    assert caught[0].filename == __file__
+  with pytest.warns(metrics.IncompleteRowsWarning):
+    assert metrics.load(path).rows() == [{"step": 0, "loss": 1.0}]

@@ -13,6 +13,7 @@ import json
 import os
 import pathlib
 import re
+import sys
 import warnings
 from typing import Any
 
@@ -247,7 +248,8 @@ def _file_records(path) -> list[dict[str, Any]]:
         f"{', '.join(map(str, dropped[:10]))}{', ...' if len(dropped) > 10 else ''}"
         "), as a process stopped while writing, or a file truncated from "
         "outside while written, leaves them; the other "
-        f"{len(rows)} rows are complete.", IncompleteRowsWarning, stacklevel=3)
+        f"{len(rows)} rows are complete.", IncompleteRowsWarning,
+        stacklevel=_user_stacklevel())
   return rows
 
 
@@ -271,7 +273,21 @@ def cut_torn_row(path: pathlib.Path, fd: int, quoted: bool = False) -> None:
     warnings.warn(
         f"{path}: cut off its last row, {cut} byte(s) without an end of "
         "line (a process stopped while writing it), before going on with "
-        "the file.", IncompleteRowsWarning, stacklevel=4)
+        "the file.", IncompleteRowsWarning, stacklevel=_user_stacklevel())
+
+
+# hostcall's own files: a warning points at the first line outside them.
+_PACKAGE_DIR = str(pathlib.Path(__file__).parents[2]) + os.sep
+
+
+def _user_stacklevel() -> int:
+  """The ``stacklevel`` of a warning raised here that points at the user's
+  line, the first frame outside hostcall."""
+  frame, level = sys._getframe(1), 1
+  while frame is not None and frame.f_code.co_filename.startswith(
+      _PACKAGE_DIR):
+    frame, level = frame.f_back, level + 1
+  return level if frame is not None else 2
 
 
 class IncompleteRowsWarning(UserWarning):
