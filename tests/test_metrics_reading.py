@@ -264,3 +264,16 @@ def test_a_skipped_row_is_told_at_the_line_that_read_it(tmp_path):
     assert caught[0].filename == __file__
   with pytest.warns(metrics.IncompleteRowsWarning):
     assert metrics.load(path).rows() == [{"step": 0, "loss": 1.0}]
+
+
+def test_live_runs_are_read_with_their_rows_so_far_and_their_config(tmp_path):
+  import jax
+  a = metrics.Run("a", root=tmp_path, writers=["memory"], params={"lr": 1})
+  b = metrics.Run("b", root=tmp_path, params={"lr": 2})
+  jax.jit(lambda: (a.log(0, loss=1.0), b.log(0, loss=2.0)))()
+  table = metrics.load([a, b])  # flushed first: no barrier needed
+  assert table["run"].tolist() == ["a", "b"]
+  assert table["loss"].tolist() == [1.0, 2.0]
+  assert table.configs == {"a": {"lr": 1}, "b": {"lr": 2}}
+  a.close(), b.close()
+  assert metrics.load(b.dir).config == {"lr": 2}
