@@ -119,6 +119,28 @@ class FakeCoordinationClient:
       self.deleted.append(key)
 
 
+def tqdm_postfix(ordered_dict=None, **values) -> str:
+  """The postfix real tqdm shows after ``bar.set_postfix(ordered_dict,
+  **values)``: what hostcall's bars must show for the same values."""
+  import io
+  import tqdm
+  bar = tqdm.tqdm(total=1, file=io.StringIO())
+  bar.set_postfix(ordered_dict, refresh=False, **values)
+  text = bar.postfix
+  bar.close()
+  return text
+
+
+def tqdm_lines(**options) -> str:
+  """What real tqdm writes for a bar of ``options`` closed at once (a loop
+  of no step): hostcall's bar of the same loop writes the same."""
+  import io
+  import tqdm
+  out = io.StringIO()
+  tqdm.tqdm(file=out, **options).close()
+  return out.getvalue()
+
+
 def wandb_records(sync_file) -> list[dict]:
   """The records of an offline W&B run's file (its run's
   ``settings.sync_file``), as wandb's own reader prints them (``wandb leet

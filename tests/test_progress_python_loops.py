@@ -14,6 +14,7 @@ import hostcall
 from hostcall import progress
 from hostcall._apps.loops import invocations as loops_module
 from hostcall._apps.progress import bars as bars_module, tqdm_guard
+from tests.helpers import tqdm_postfix
 
 
 def _screen(text: str) -> list[str]:
@@ -147,6 +148,29 @@ def test_tqdms_api_and_options_pass_through():
   assert sum(progress.trange(2, 8, 2, file=gone, leave=False)) == 12
   assert _screen(gone.getvalue()) == []
   assert tqdm_guard.loop_rows.rows() == 0
+
+
+def test_set_postfix_formats_every_type_as_tqdm_does():
+  # tqdm's rule: a numbers.Number through format_num (a bool too: 1), a
+  # str as it is, anything else through str(); a JAX array shows the
+  # number it holds (docs/compatibility.md).
+  import decimal
+  import numpy as np
+  values = dict(flag=True, off=False, n=12345678, x=0.000123456,
+                c=1 + 2j, d=decimal.Decimal("2.50"), f32=np.float32(0.5),
+                nb=np.bool_(True), none=None, s=" text ", arr=np.arange(3))
+  out = io.StringIO()
+  with progress.tqdm(total=1, file=out) as bar:
+    bar.set_postfix({"first": 1.5}, **values)
+    shown = bar.postfix
+  assert shown == tqdm_postfix({"first": 1.5}, **values)
+  assert shown == ("first=1.5, arr=[0 1 2], c=1+2j, d=2.50, f32=0.5, flag=1, "
+                   "n=1.23e+7, nb=True, none=None, off=0, s=text, x=0.000123")
+  with progress.tqdm(total=1, file=io.StringIO()) as bar:
+    bar.set_postfix(done=jnp.bool_(True), loss=jnp.float32(0.123456))
+    bar.refresh()
+    assert bar.postfix == tqdm_postfix(done=True, loss=float(
+        jnp.float32(0.123456))) == "done=1, loss=0.123"
 
 
 def test_a_bar_without_file_is_tqdm_autos_a_notebooks_widget_where_it_draws_one(

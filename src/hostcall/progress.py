@@ -8,6 +8,15 @@ carry = hostcall.progress.fori_loop(0, n, body, init)
 carry = hostcall.progress.while_loop(cond, body, init)
 ```
 
+show the step's values on the loop's bar, from its body:
+
+```python
+def step(state, batch):
+  state, loss = train_step(state, batch)
+  hostcall.progress.set_postfix(loss=loss)
+  return state, None
+```
+
 or decorate a body whose loop call you cannot change:
 
 ```python
@@ -26,7 +35,8 @@ for i in (bar := hostcall.progress.trange(steps)):
 
 from hostcall._apps.progress.compiled import (close_all, fori_loop, scan, track,
                                      while_loop)
+from hostcall._apps.progress.postfix import set_postfix
 from hostcall._apps.progress.python_loops import tqdm, trange
 
-__all__ = ["close_all", "fori_loop", "scan", "tqdm", "track", "trange",
-           "while_loop"]
+__all__ = ["close_all", "fori_loop", "scan", "set_postfix", "tqdm", "track",
+           "trange", "while_loop"]

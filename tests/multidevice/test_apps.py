@@ -47,6 +47,25 @@ def test_shard_map_draws_one_bar_for_four_devices():
   assert not [k for k, b in bars_module.bars._bars.items() if b.is_open]
 
 
+def test_set_postfix_under_shard_map_shows_the_devices_range():
+  out = io.StringIO()
+  mesh = Mesh(np.array(jax.devices()), ("d",))
+
+  def loop(x):
+    def step(c, _):
+      progress.set_postfix(c=c[0])  # each device's own value
+      return c + x, None
+    return progress.scan(step, x * 0, length=40, file=out, desc="ranged")[0]
+
+  f = jax.jit(jax.shard_map(loop, mesh=mesh, in_specs=P("d"),
+                            out_specs=P("d")))
+  f(jnp.arange(4.0) + 1)
+  hostcall.barrier()
+  (final,) = _bars_drawn(out, "ranged")
+  # The last step's values: 39 * x on the device holding x, 1 to 4.
+  assert "40/40" in final and final.endswith("step/s, c=39..156]"), final
+
+
 def test_pmap_draws_one_bar_per_call():
   out = io.StringIO()
   f = jax.pmap(_loop(out, "pmapped"))

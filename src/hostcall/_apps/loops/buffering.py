@@ -25,6 +25,7 @@ import jax
 import numpy as np
 
 from hostcall import _jax_private
+from hostcall._apps.loops import tick_values
 from hostcall._runtime import calls
 from hostcall._core.effects import ORDERED
 from hostcall._core.context import CallContext, make_context, swap_call_context
@@ -135,6 +136,8 @@ def probe(body: Callable, init, xs):
            a.shape[1:], a.dtype), xs))
   try:
     return jax.make_jaxpr(body)(init, x)
+  except tick_values.Retrace:
+    raise  # the loop is traced again, with room for its body's values
   except Exception:  # noqa: BLE001 - the loop's own trace says what fails
     return None
 

@@ -20,7 +20,8 @@ import threading
 from typing import Any, Callable
 
 from hostcall._apps.loops import (chunks as _chunks, events as _events,
-                                  steerer as _steerer)
+                                  steerer as _steerer,
+                                  tick_values as _tick_values)
 from hostcall._core import bind
 
 #: The most steps a chunk or a bar counts (int32 on the device).
@@ -55,40 +56,64 @@ FLUSH_STEPS = 256
 
 
 def scan_loop(site: int, stop, ticks: bool, f: Callable, init, xs, length,
-              reverse, unroll, every: int, steps: int) -> Any:
+              reverse, unroll, every: int, steps: int, *,
+              values: bool = False) -> Any:
   """``lax.scan`` of ``f`` (a ``(carry, x) -> (carry, y)`` body) as one
   invocation of ``site``, of ``steps`` steps (``chunks.scan_length``'s), in
   chunks of ``every``: ``ticks`` after each chunk, ``stop`` (a
-  ``control.Stop``, or None) checked after each. Returns ``(carry, ys)``,
-  or a ``control.Result`` of it where steered."""
-
-  def body(state, x):
-    count, carry = state
-    with nested():
-      carry, y = f(carry, x)
-    return (count + 1, carry), y
-
+  ``control.Stop``, or None) checked after each; ``values``: the ticks take
+  the values the body sets (``tick_values``: a bar's postfix). Returns
+  ``(carry, ys)``, or a ``control.Result`` of it where steered."""
   handle, count = _events.open_bar(site, steps, stop)
-  out = _chunks.chunked_scan(
-      body, (count, init), xs, length=length, reverse=reverse,
-      unroll=unroll, every=every,
-      after_chunk=None if not ticks else
-      lambda state, ys: _events.tick(site, handle, state[0], (state, ys)),
-      check=None if stop is None else
-      lambda state, index: _steerer.steerer().check(handle, index, state),
-      flush_steps=FLUSH_STEPS)
-  (count, carry), ys = out[:2]
+  slots = _tick_values.Slots(keep=ticks)
+
+  def attempt():
+    def body(state, x):
+      count, carry, carried = state
+      with nested(), _body_values(values, slots, carried) as step:
+        carry, y = f(carry, x)
+      return (count + 1, carry, step.values), y
+
+    return _chunks.chunked_scan(
+        body, (count, init, slots.initial()), xs, length=length,
+        reverse=reverse, unroll=unroll, every=every,
+        after_chunk=None if not ticks else
+        lambda state, ys: _events.tick(site, handle, state[0], (state, ys),
+                                       postfix=(slots.layout, state[2])),
+        check=None if stop is None else
+        lambda state, index: _steerer.steerer().check(handle, index, state),
+        flush_steps=FLUSH_STEPS)
+
+  out = slots.run(attempt)
+  (count, carry, carried), ys = out[:2]
   return _ended(site, handle, stop, count, (carry, ys),
-                None if stop is None else out[2])
+                None if stop is None else out[2], (slots.layout, carried))
+
+
+#: Why the body of a loop no bar draws takes no values.
+NO_BAR = "its loop draws no bar (a hostcall.control loop)"
+
+
+@contextlib.contextmanager
+def _body_values(values: bool, slots, carried):
+  """Around one trace of a loop's body: the ``tick_values`` step of its
+  ``slots`` where its ticks take values, else a frame refusing them."""
+  if not values:
+    with _tick_values.refused(NO_BAR):
+      yield _tick_values.Step(carried)
+    return
+  with slots.step(carried) as step:
+    yield step
 
 
 def while_loop(site: int, stop, ticks: bool, cond_fun: Callable,
-               body_fun: Callable, init_val, total,
-               every: int | None) -> Any:
+               body_fun: Callable, init_val, total, every: int | None, *,
+               values: bool = False) -> Any:
   """``lax.while_loop`` as one invocation of ``site`` (``total``: its
   steps where known, else -1), in chunks of ``every`` steps (None: as many
-  as the host paces); ``ticks`` and ``stop`` as for ``scan_loop``. Returns
-  the carry, or a ``control.Result`` of it where steered."""
+  as the host paces); ``ticks``, ``stop`` and ``values`` as for
+  ``scan_loop``. Returns the carry, or a ``control.Result`` of it where
+  steered."""
   handle, count = _events.open_bar(site, total, stop)
   if every is None:
     pace = _events.Pace(site, steered=stop is not None)
@@ -100,28 +125,40 @@ def while_loop(site: int, stop, ticks: bool, cond_fun: Callable,
     # A chunk counts its steps in int32: a larger ``every`` means one
     # chunk, as long as any loop the step count can follow.
     steps = min(every, INT32_MAX)
+  slots = _tick_values.Slots(keep=ticks)
 
-  def body(carry):
-    with nested():
-      return body_fun(carry)
+  def attempt():
+    # The carry with the values the body set, which the ticks send.
+    def body(state):
+      carry, carried = state
+      with nested(), _body_values(values, slots, carried) as step:
+        carry = body_fun(carry)
+      return carry, step.values
 
-  count, carry, reason = _chunks.chunked_while(
-      cond_fun, body, init_val, count, steps=steps,
-      after_chunk=None if not ticks else
-      lambda count, carry: _events.tick(site, handle, count, carry,
-                                        cond_fun(carry)),
-      check=None if stop is None else
-      lambda state, index: _steerer.steerer().check(handle, index, state))
+    def cond(state):
+      return cond_fun(state[0])
+
+    return _chunks.chunked_while(
+        cond, body, (init_val, slots.initial()), count, steps=steps,
+        after_chunk=None if not ticks else
+        lambda count, state: _events.tick(
+            site, handle, count, state, cond_fun(state[0]),
+            postfix=(slots.layout, state[1])),
+        check=None if stop is None else
+        lambda state, index: _steerer.steerer().check(handle, index, state))
+
+  count, (carry, carried), reason = slots.run(attempt)
   return _ended(site, handle, stop, count, carry,
-                None if stop is None else reason)
+                None if stop is None else reason, (slots.layout, carried))
 
 
-def _ended(site, handle, stop, count, value, reason):
+def _ended(site, handle, stop, count, value, reason, postfix):
   """The loop's end: a steered loop's finish (which raises a failure it
-  contained), the invocation's close; what the loop returns."""
+  contained), the invocation's close (with ``postfix``, the values of the
+  last step); what the loop returns."""
   if stop is not None:
     _events.finish(site, handle, reason)
-  _events.close_bar(site, handle, count, value, reason)
+  _events.close_bar(site, handle, count, value, reason, postfix)
   if stop is None:
     return value
   return _steerer.steerer().result(value, reason != 0, count, reason)

@@ -127,33 +127,43 @@ class _Open(_BarQuestion):
 @target
 class _Close(_BarTap):
   """Closes an invocation's bar when its loop ends:
-  ``(handle, count, witness)``."""
+  ``(handle, count, witness, *values[, reason])``; ``postfix`` as for a
+  tick (the values of the last step: XLA may run the close before the
+  loop's last tick, where nothing the loop computes keeps it after)."""
 
+  postfix: tuple = ()
   schedule = "queued"
 
   def deliver(self, flat_args, context):
-    handle, count, _, *reason = flat_args
+    handle, count, _, *rest = flat_args
+    values, reason = _split(self.postfix, rest)
     handle = _resolved(handle, self.site, context)
     # A steered loop's reason: not 0 where it stopped early (all lanes
     # stop together).
     stopped = bool(reason) and bool(np.any(np.asarray(reason[0]) != 0))
+    options = {} if values is None else {"values": values}
     _loops.invocations.close(_handle(handle), context.device,
                              _loops.last_count(count),
-                             _loops.lanes_of(context), stopped=stopped)
+                             _loops.lanes_of(context), stopped=stopped,
+                             **options)
     return ()
 
 
 @target
 class _Tick(_BarTap):
-  """The step count after a chunk: ``(handle, count, witness[, running])``."""
+  """The step count after a chunk: ``(handle, count, witness, *values[,
+  running])``; ``postfix``: the layout of the values the loop's body set
+  (``tick_values.layout_of``), one operand each that is not a text."""
 
+  postfix: tuple = ()
   schedule = "queued"
 
   def deliver(self, flat_args, context):
-    handle, count, _, *active = flat_args
+    handle, count, _, *rest = flat_args
+    values, active = _split(self.postfix, rest)
     running = int(np.count_nonzero(active[0])) if active else None
     self._tick(_resolved(handle, self.site, context),
-               _loops.last_count(count), running, context)
+               _loops.last_count(count), running, context, values)
     return ()
 
   # The queue hands a run of consecutive ticks over at once. A bar shows
@@ -165,8 +175,9 @@ class _Tick(_BarTap):
   joins_calls = True
 
   def deliver_steps(self, stacked, steps, context):
-    handles, counts, _, *active = (
+    handles, counts, _, *rest = (
         _per_call(a, steps, context) for a in stacked)
+    values, active = _split(self.postfix, rest)
     handles = (handles[:, 0] if handles.shape[1]
                else np.full(steps, LATEST, np.int64))
     counts = (counts.max(axis=1) if counts.shape[1]
@@ -185,7 +196,8 @@ class _Tick(_BarTap):
       if every_tick or i + 1 == steps or handles[i + 1] != handle:
         try:
           self._tick(invocation, counts[i],
-                     None if running is None else running[i], context)
+                     None if running is None else running[i], context,
+                     _row(values, i))
         except BaseException as exc:  # noqa: BLE001 - raised after the rest
           # Each tick fails alone: the later ones still reach their
           # steered loop's checks, which wait for them.
@@ -193,9 +205,33 @@ class _Tick(_BarTap):
     if failure is not None:
       raise failure
 
-  def _tick(self, handle: int, count: int, running, context) -> None:
-    _loops.invocations.tick(handle, context.device, count,
-                            _loops.lanes_of(context), running)
+  def _tick(self, handle: int, count: int, running, context,
+            values) -> None:
+    lanes = _loops.lanes_of(context)
+    if values is None:
+      _loops.invocations.tick(handle, context.device, count, lanes, running)
+    else:
+      _loops.invocations.tick(handle, context.device, count, lanes, running,
+                              values=values)
+
+
+def _split(postfix: tuple, operands: list) -> tuple:
+  """A tick's values (``((key, text or array), ...)``, None where its body
+  set none) and its other operands, from the operands after its witness."""
+  if not postfix:
+    return None, operands
+  arrays = iter(operands)
+  values = tuple((key, next(arrays) if text is None else text)
+                 for key, text in postfix)
+  return values, list(arrays)
+
+
+def _row(values, i: int):
+  """The values of the ``i``-th of a run of ticks (``_per_call``'s rows)."""
+  if values is None:
+    return None
+  return tuple((key, value if isinstance(value, str) else value[i])
+               for key, value in values)
 
 
 def _per_call(column, calls: int, context) -> np.ndarray:
@@ -210,18 +246,31 @@ def _per_call(column, calls: int, context) -> np.ndarray:
 
 @target
 class Step(_BarTap):
-  """One step of a decorated body (``track``)."""
+  """One step of a decorated body (``track``): ``(lanes probe, *values)``;
+  ``postfix`` as for a tick."""
 
+  postfix: tuple = ()
   delivery = "async"
 
   def deliver(self, flat_args, context):
-    _loops.invocations.step(self.site, context.device, 1,
-                            _loops.lanes_of(context), context)
+    self._step(1, _split(self.postfix, flat_args[1:])[0], context)
     return ()
 
   def deliver_steps(self, stacked, steps, context):
-    _loops.invocations.step(self.site, context.device, steps,
-                            _loops.lanes_of(context), context)
+    # The chunk's steps at once (buffered in a hostcall.scan): the bar
+    # shows the values of its last.
+    values = _split(self.postfix, [
+        _per_call(a, steps, context) for a in stacked[1:]])[0]
+    self._step(steps, _row(values, steps - 1), context)
+
+  def _step(self, steps: int, values, context) -> None:
+    lanes = _loops.lanes_of(context)
+    if values is None:
+      _loops.invocations.step(self.site, context.device, steps, lanes,
+                              context)
+    else:
+      _loops.invocations.step(self.site, context.device, steps, lanes,
+                              context, values=values)
 
 
 @target
@@ -309,10 +358,15 @@ def _witness(tree) -> jax.Array:
   return value if value.size else lanes_probe(tree).astype(jnp.float32)
 
 
-def tick(site, handle, count, results, *active):
+def tick(site, handle, count, results, *active, postfix=((), ())):
+  """The tick after a chunk; ``postfix``: ``(layout, values)``, the values
+  the loop's body set (``tick_values``: a layout and the traced values,
+  which ride on the tick)."""
+  layout, values = postfix
   # Reading the chunk's results keeps the tick after the chunk's steps.
-  bind([handle, count, _witness(results), *active], target=_Tick(site),
-       kind="call", delivery="async", ordering="unordered")
+  bind([handle, count, _witness(results), *values, *active],
+       target=_Tick(site, layout), kind="call", delivery="async",
+       ordering="unordered")
 
 
 def ticks(stop, tqdm_options) -> bool:
@@ -322,16 +376,19 @@ def ticks(stop, tqdm_options) -> bool:
               and (stop is None or stop.stop_when is None))
 
 
-def close_bar(site, handle, count, results, reason=None):
+def close_bar(site, handle, count, results, reason=None,
+              postfix=((), ())):
   """Closes the bar when the loop ends; ``reason``: a steered loop's (not 0
-  where it stopped early: the bar is marked ``stopped``)."""
+  where it stopped early: the bar is marked ``stopped``); ``postfix``: as
+  for ``tick``, the values of the loop's last step."""
   # The runtime starts an operation when its input buffers are ready, and
   # XLA may know a loop's final step count without running it (an induction
   # variable): reading the loop's results makes the close wait for its end.
-  operands = [handle, count, _witness(results)]
+  layout, values = postfix
+  operands = [handle, count, _witness(results), *values]
   if reason is not None:
     operands.append(reason)
-  bind(operands, target=_Close(site), kind="call", delivery="async",
+  bind(operands, target=_Close(site, layout), kind="call", delivery="async",
        ordering="unordered")
 
 

@@ -107,9 +107,10 @@ class Listener:
     call, the invocation staying open)."""
 
   def on_tick(self, invocation: Invocation, count: int, lanes: int | None,
-              running: int | None) -> None:
+              running: int | None, values: tuple | None = None) -> None:
     """``invocation`` has run ``count`` steps (``lanes``: its vmap lanes;
-    ``running``: those still running a while_loop)."""
+    ``running``: those still running a while_loop; ``values``: what its
+    body set, ``((key, text or array over the lanes), ...)``, or None)."""
 
   def on_ticked(self, handle: int, count: int, device) -> None:
     """After every listener's ``on_tick`` of this tick of ``handle`` on
@@ -287,15 +288,16 @@ class Invocations:
       return self._latest.get((site, device), -1)
 
   def tick(self, handle: int, device, count: int, lanes: int | None = None,
-           running: int | None = None) -> None:
-    """The loop has run ``count`` steps on ``device``."""
+           running: int | None = None, values: tuple | None = None) -> None:
+    """The loop has run ``count`` steps on ``device`` (``values``: as
+    ``Listener.on_tick`` takes them)."""
     each = EachAlone()
     try:
       with self._lock:
         invocation = self._open.get(handle)
         if invocation is not None:  # (else already ended)
           with each:
-            self._tell("on_tick", invocation, count, lanes, running)
+            self._tell("on_tick", invocation, count, lanes, running, values)
     finally:
       # A steered loop's check waits until its predicate has seen this
       # tick: a bar that fails to draw must not keep the loop waiting.
@@ -318,15 +320,22 @@ class Invocations:
     self._tell("on_finish", handle, reason)
 
   def close(self, handle: int, device, count: int,
-            lanes: int | None = None, stopped: bool = False) -> None:
+            lanes: int | None = None, stopped: bool = False,
+            values: tuple | None = None) -> None:
     """The loop ended on ``device`` after ``count`` steps (``stopped``: a
-    steered loop stopped early)."""
+    steered loop stopped early; ``values``: its body's last, told to
+    ``on_tick`` first, as the close may overtake the last tick)."""
     del device
     with self._lock:
-      self._end(handle, count=count, lanes=lanes, stopped=stopped)
+      invocation = self._open.get(handle)
+      try:
+        if values is not None and invocation is not None:
+          self._tell("on_tick", invocation, count, lanes, None, values)
+      finally:
+        self._end(handle, count=count, lanes=lanes, stopped=stopped)
 
   def step(self, site: int, device, steps: int, lanes: int | None,
-           context=None) -> None:
+           context=None, values: tuple | None = None) -> None:
     """``steps`` more steps of a loop whose body alone is decorated: the
     first opens an invocation, reaching the spec's total ends it."""
     with self._lock:
@@ -337,7 +346,8 @@ class Invocations:
       invocation = self._open[handle]
       invocation.steps += steps
       try:
-        self._tell("on_tick", invocation, invocation.steps, lanes, None)
+        self._tell("on_tick", invocation, invocation.steps, lanes, None,
+                   values)
       finally:
         total = invocation.total
         if total is not None and invocation.steps >= total:

@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 from hostcall._apps.loops import invocations as _loops
-from hostcall._apps.progress import tqdm_guard
+from hostcall._apps.progress import postfix as _postfix, tqdm_guard
 
 #: Seconds between two redraws of a bar, at most (a while_loop's pace aims
 #: for a tick as often).
@@ -96,6 +96,8 @@ class _Bar:
     self.opened = time.monotonic()
     self.lanes: int | None = None
     self.running: dict[Any, int] = {}
+    # Each device's values of its latest tick (``set_postfix``'s).
+    self.values: dict[Any, tuple] = {}
     self.stream = spec.guard()
     with tqdm_guard.unlocked_on_failure():
       self.tqdm = spec.make(total, self.stream)
@@ -118,6 +120,9 @@ class _Bar:
   def show(self, final: bool = False) -> None:
     n = min(self.counts.get(d, 0) for d in self.devices())  # the slowest
     postfix = []
+    values = _postfix.text(self.values, self.tqdm.format_num)
+    if values:
+      postfix.append(values)
     if self.lanes is not None:
       if self.running:
         postfix.append(f"lanes {sum(self.running.values())}/{self.lanes}")
@@ -146,7 +151,10 @@ class _Bar:
     try:
       with tqdm_guard.unlocked_on_failure():
         if stopped:
-          self.tqdm.set_postfix_str("stopped", refresh=False)
+          # The last values stay: those the loop stopped at.
+          shown = getattr(self.tqdm, "postfix", None)
+          self.tqdm.set_postfix_str(f"{shown}, stopped" if shown
+                                    else "stopped", refresh=False)
         self.tqdm.close()
         if stopped and self.tqdm.total is None:
           # A notebook's widget marks a bar that closed short of its total
@@ -202,7 +210,8 @@ class Bars(_loops.Listener):
       bar.expected.update(invocation.peers)
       self._drawn[invocation.handle] = bar
 
-  def on_tick(self, invocation, count, lanes, running) -> None:
+  def on_tick(self, invocation, count, lanes, running,
+              values=None) -> None:
     bar = self._drawn.get(invocation.handle)
     if bar is None or not bar.is_open:
       return  # not drawn here, or already closed
@@ -211,6 +220,8 @@ class Bars(_loops.Listener):
     bar.lanes = lanes
     if running is not None:
       bar.running[device] = running
+    if values is not None:
+      bar.values[device] = values
     bar.show()
 
   def on_end(self, invocation, count, lanes, stopped, force) -> None:

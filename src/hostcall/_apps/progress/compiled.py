@@ -25,7 +25,8 @@ import numpy as np
 
 from hostcall._apps.loops import (chunked as _chunked, chunks as _chunks,
                                   events as _events, invocations as _loops,
-                                  steerer as _steerer)
+                                  steerer as _steerer,
+                                  tick_values as _tick_values)
 from hostcall._apps.progress import options as _options
 from hostcall._core import bind
 from hostcall._core.checks import check_callable
@@ -111,7 +112,8 @@ def scan(f: Callable, init, xs=None, length: int | None = None,
   every = every or max(1, -(-int(steps) // 100))
   return _chunked.scan_loop(site, stop, _events.ticks(stop, tqdm_options),
                             lambda c, x: _chunks.step_output(f(c, x)), init,
-                            xs, length, reverse, unroll, every, steps)
+                            xs, length, reverse, unroll, every, steps,
+                            values=True)
 
 
 def _steered(interruptible, time_limit, stop_when, desc):
@@ -253,7 +255,8 @@ def _while(cond_fun, body_fun, init_val, total, *, desc, every, unit, leave,
                                        all_processes, tqdm_options))
 
   return _chunked.while_loop(site, stop, _events.ticks(stop, tqdm_options),
-                             cond_fun, body_fun, init_val, total, every)
+                             cond_fun, body_fun, init_val, total, every,
+                             values=True)
 
 
 def track(body: Callable | None = None, *, total: int | None = None,
@@ -323,10 +326,13 @@ def track(body: Callable | None = None, *, total: int | None = None,
           "the loop), or leave total out for a counter.")
     # The nesting depth (the bar's row) is known when the body is traced.
     spec = _spec(desc, total, unit, leave, file, all_processes, tqdm_options)
-    step = _events.Step(_loops.invocations.site(spec))
-    with _chunked.nested():
+    site = _loops.invocations.site(spec)
+    with _chunked.nested(), _tick_values.once(
+        tqdm_options.get("disable") is not True) as values:
       out = body(*args, **kwargs)
-    bind([_events.lanes_probe(out)], target=step, kind="call",
+    # The values its body set (set_postfix) ride on the step's call.
+    bind([_events.lanes_probe(out), *values.values],
+         target=_events.Step(site, values.layout), kind="call",
          ordering="unordered")
     return out
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import numbers
 import sys
 import threading
 from typing import Iterable
@@ -201,11 +202,10 @@ class tqdm:  # noqa: N801 - tqdm's name, as tqdm's users write it
         # The same key's older arrays stay: those the device reaches first.
         cells[key] = (cell if isinstance(cell, _Live) else _Live()).push(
             value)
+      elif isinstance(value, numbers.Number):  # tqdm's rule: bools too
+        cells[key] = self.format_num(value)
       elif isinstance(value, str):
         cells[key] = value
-      elif isinstance(value, (int, float, np.number)) and not isinstance(
-          value, bool):
-        cells[key] = self.format_num(value)
       else:
         cells[key] = str(value)
     self._hostcall_postfix = cells
