@@ -330,6 +330,33 @@ def test_nested_keys_that_meet_and_texts_a_writer_cannot_keep_are_refused(
   tagged.close()
 
 
+def test_wandb_gets_nested_dicts_as_its_own_log_would(trackers, tmp_path):
+  run = metrics.Run("tree", root=tmp_path, writers=["wandb"])
+  wandb_run = run.writers[0].run
+  wandb_run.define_metric("train.loss", summary="max")  # a nested key's name
+  jax.jit(lambda: [run.log({"train": {"loss": x}, "a.b": x}, step=i)
+                   for i, x in enumerate([1.0, 3.0, 2.0])])()
+  with pytest.raises(ValueError, match=r"the W&B writer refuses the metric "
+                     r"'a.b': the run logs it both as a nested dict's key and "
+                     r"as a flat name"):
+    run.log({"a": {"b": 1.0}}, step=3)
+  with pytest.raises(ValueError, match=r"refuses the metric 'train': W&B "
+                     r"holds the values of a nested dict under the key "
+                     r"'train', which the run also logs as a value"):
+    run.log({"train": 1.0}, step=3)
+  run.close()
+  records = wandb_records(wandb_run.settings.sync_file)
+  assert _wandb_history(records) == {
+      (key, i): x for i, x in enumerate([1.0, 3.0, 2.0])
+      for key in ("train.loss", "a.b")}
+  summary = {}
+  for record in records:
+    if record["type"] == "summary":
+      summary.update(record["summary"]["update"])
+  # define_metric matched the nested key (the flat one it would not).
+  assert (summary["train.loss"], summary["a.b"]) == ({"max": 3}, 2)
+
+
 # --- Names the tools rewrite or drop ------------------------------------------
 
 def test_tensorboard_refuses_names_it_would_write_as_one_tag(trackers,

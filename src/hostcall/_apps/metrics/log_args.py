@@ -50,10 +50,17 @@ def check_step(step, example: str) -> None:
           "True)) for larger steps.")
 
 
-def flatten(metrics: Mapping, prefix: str = "",
-            out: dict | None = None) -> dict[str, Any]:
+def flatten(metrics: Mapping, labels: tuple = (), out: dict | None = None,
+            paths: dict | None = None) -> dict[str, Any]:
   """``metrics`` with each nested dict's leaves named by their path, the
   keys joined by ``.`` as W&B names them (an empty dict gives no name).
+
+  Arguments:
+    metrics: the dict.
+    labels: the keys of the dicts it is nested in.
+    out: where to add the leaves (a new dict if None).
+    paths: where to keep each nested leaf's keys, ``{name: (key, ...)}``
+      (W&B is handed the tree again).
 
   Raises:
     TypeError: a key that is not text.
@@ -70,24 +77,28 @@ def flatten(metrics: Mapping, prefix: str = "",
       raise TypeError(f"Run.log's dict of metrics is keyed by names "
                       f"(str), got the key {key!r} of type "
                       f"{type(key).__name__}"
-                      f"{f' in {prefix[:-1]!r}' if prefix else ''}.")
-    name = prefix + key
+                      f"{f' in {SEPARATOR.join(labels)!r}' if labels else ''}.")
+    path = labels + (key,)
     if isinstance(value, Mapping):
-      flatten(value, name + SEPARATOR, out)
+      flatten(value, path, out, paths)
       continue
+    name = SEPARATOR.join(path)
     if name in out:
       raise ValueError(
           f"Run.log got two metrics named {name!r}: a nested dict's keys "
           f"are joined by {SEPARATOR!r} (W&B's names), and another key is "
           "that name already. Rename one of them.")
     out[name] = value
+    if len(path) > 1 and paths is not None:
+      paths[name] = path
   return out
 
 
-def metrics_of(args: tuple, step, metrics: dict) -> tuple[Any, dict]:
-  """``(step, metrics)`` of ``Run.log``'s arguments: ``log(step,
+def metrics_of(args: tuple, step, metrics: dict) -> tuple[Any, dict, dict]:
+  """``(step, metrics, paths)`` of ``Run.log``'s arguments: ``log(step,
   **metrics)``, ``log({name: value}, step=step)`` (W&B's form) or
-  ``log(step, {name: value})``; nested dicts flattened (``flatten``)."""
+  ``log(step, {name: value})``; nested dicts flattened (``flatten``), the
+  keys of each nested leaf in ``paths``."""
   given = [a for a in args if isinstance(a, Mapping)]
   others = [a for a in args if not isinstance(a, Mapping)]
   if len(args) > 2 or len(given) > 1 or len(others) > 1:
@@ -102,21 +113,22 @@ def metrics_of(args: tuple, step, metrics: dict) -> tuple[Any, dict]:
           f"Run.log got the step twice: {describe(others[0])} "
           f"positionally and step={describe(step)}; give it once.")
     step = others[0]
-  metrics = flatten(metrics)
+  paths: dict = {}
+  metrics = flatten(metrics, paths=paths)
   if given:
     if "step" in given[0]:
       raise ValueError(
           "Run.log's dict of metrics has the key 'step', the column of "
           "step numbers: give the step as run.log(metrics, step=step), or "
           "rename the metric.")
-    named = flatten(given[0])
+    named = flatten(given[0], paths=paths)
     both = sorted(set(named) & set(metrics))
     if both:
       raise ValueError(
           f"Run.log got the metric(s) {both} twice: in the dict and as "
           "name=value; give each once.")
     metrics = {**named, **metrics}
-  return step, metrics
+  return step, metrics, paths
 
 
 def split_texts(metrics: dict) -> tuple[dict, dict[str, str]]:

@@ -144,6 +144,11 @@ class MlflowWriter(Writer):
   ``<name>/1``, ... A key logged several times at one step (a step logged
   again) keeps each value, in the order logged, in its history.
 
+  A text value is a tag of the run (its last value: a tag holds one). The
+  run's config is its parameters, nested keys joined by ``.``, values as
+  text; a key added later is a parameter added then, and a new value of a
+  parameter is refused (an MLflow run keeps a parameter's first value).
+
   Names MLflow refuses (``"acc@1"``, ``"loss (train)"``: see ``refusal``)
   are refused when ``Run.log`` is traced, and so are parameters it refuses,
   when the writer is made: MLflow would refuse a whole batch for one of
@@ -154,7 +159,10 @@ class MlflowWriter(Writer):
   raised by the next ``hostcall.barrier()`` as
   ``hostcall.CallbackException``, the rows of that block are not in MLflow,
   and the run's other writers still receive every row. A store that cannot
-  be reached when the writer is made is tried again at each block.
+  be reached when the writer is made is tried again at each block. A
+  SQLite store's file is opened first by the writer itself, so that one
+  that cannot be opened is reported at once (MLflow's engine would retry
+  it for 100 s).
 
   Arguments:
     run_name: the MLflow run's name.

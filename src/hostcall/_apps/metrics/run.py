@@ -276,7 +276,7 @@ class Run:
     writers asynchronously (see ``hostcall.set_delivery``).
     """
     self._sink.refuse_in_a_forked_child("log to it")
-    step, metrics = log_args.metrics_of(args, step, metrics)
+    step, metrics, paths = log_args.metrics_of(args, step, metrics)
     sink = self._sink.current()
     if sink.closed:
       raise RuntimeError(f"{sink!r} is closed; open a new Run to log more.")
@@ -294,7 +294,7 @@ class Run:
     names = tuple(values)
     operands = [jnp.asarray(v) for v in values.values()]
     shapes = {n: tuple(v.shape) for n, v in zip(names, operands)}
-    sink.check_metrics({n: shapes.get(n, ()) for n in metrics}, texts)
+    sink.check_metrics({n: shapes.get(n, ()) for n in metrics}, texts, paths)
     if step is not None:
       log_args.check_step(step, "run.log(step, loss=...)")
       operands.insert(0, jnp.asarray(step))

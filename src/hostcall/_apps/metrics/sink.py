@@ -286,21 +286,21 @@ class RunSink:
         call(*(dict(a) for a in args))
 
   def check_metrics(self, shapes: dict[str, tuple],
-                    texts: dict[str, str] | None = None) -> None:
-    """Has each writer refuse, when a ``Run.log`` call is traced, metrics
-    it could not keep (``Writer.check_metrics``: every name, a text's shape
-    ``()``; given ``texts=`` where it takes them) and texts
-    (``Writer.check_texts``); each set of names, shapes and texts is
-    checked once."""
-    texts = texts or {}
-    key = (tuple(shapes.items()), tuple(texts.items()))
+                    texts: dict[str, str] | None = None,
+                    paths: dict[str, tuple] | None = None) -> None:
+    """Has each writer refuse, when a ``Run.log`` call is traced, what it
+    could not keep (``Writer.check_metrics``, given ``texts=`` and
+    ``paths=`` where it takes them; ``Writer.check_texts``), once."""
+    texts, paths = texts or {}, paths or {}
+    key = tuple(tuple(d.items()) for d in (shapes, texts, paths))
     if key in self._checked:
       return
     for writer in self.writers:
       check = getattr(writer, "check_metrics", None)
-      if callable(check):  # (texts= where it takes them)
-        check(dict(shapes), **({"texts": dict(texts)} if "texts" in
-                                inspect.signature(check).parameters else {}))
+      if callable(check):  # (texts= and paths= where it takes them)
+        takes = inspect.signature(check).parameters
+        check(dict(shapes), **{k: dict(v) for k, v in (
+            ("texts", texts), ("paths", paths)) if k in takes})
     if texts:
       self._each_writer("check_texts", texts)
     self._checked.add(key)
@@ -424,7 +424,6 @@ class RunSink:
         failures.append(exc)
     if failures:
       raise failures[0]
-
 
 
 def dirs_in_use() -> set[pathlib.Path]:

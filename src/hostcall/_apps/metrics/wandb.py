@@ -5,6 +5,7 @@ through ``wandb`` (the ``wandb`` extra), imported when a writer is made
 from __future__ import annotations
 
 import pathlib
+import threading
 from typing import Any, Mapping
 
 from hostcall._apps.metrics import keys, registry
@@ -14,6 +15,25 @@ from hostcall._apps.metrics.writer import Writer
 
 #: The history columns W&B fills itself.
 _WANDB_COLUMNS = ("_step", "_runtime", "_timestamp")
+
+
+def _tree(values: dict, names: list, nested: dict) -> dict:
+  """A step's ``{key: value}`` (``keys.steps``) as W&B's ``log`` takes a
+  nested dict: the keys of each metric of ``nested`` (``name``,
+  ``name/member_0``, ...) under its path's dicts."""
+  out: dict = {}
+  for key, value in values.items():
+    name = max((n for n in names if key == n or key.startswith(n + "/")),
+               key=len, default=None)
+    path = nested.get(name)
+    if path is None:
+      out[key] = value
+      continue
+    node = out
+    for label in path[:-1]:
+      node = node.setdefault(label, {})
+    node[path[-1] + key[len(name):]] = value
+  return out
 
 
 class WandbWriter(Writer):
@@ -29,7 +49,10 @@ class WandbWriter(Writer):
   rest; ``init`` arguments say it per run. Keys as ``MlflowWriter``'s: a vmap member's value is
   ``<name>/member_<k>``, an array metric one key per element. W&B keeps
   steps increasing: log each step once, in order (rows of a step lower
-  than one logged before are dropped by W&B, with its warning).
+  than one logged before are dropped by W&B, with its warning). A text
+  value is a value of the history; a nested dict's leaves (``train.loss``)
+  are handed to W&B as the nested dict, as ``wandb.log`` of it would be;
+  the run's config is the W&B run's config, updated at each change.
 
   Offline (``WANDB_MODE=offline``) the run is written to
   ``<WANDB_DIR>/wandb/offline-run-*/run-*.wandb``; ``wandb sync`` uploads
@@ -66,18 +89,24 @@ class WandbWriter(Writer):
     init.setdefault("reinit", "create_new")
     self.run = wandb.init(**init)
     self._closed = False
+    self._paths: dict[str, tuple] = {}  # name: its keys (see _keep_paths)
+    self._paths_lock = threading.Lock()
 
   def __repr__(self):
     return f"WandbWriter({self.run.name!r})"
 
-  def check_metrics(self, shapes: dict[str, tuple]) -> None:
+  def check_metrics(self, shapes: dict[str, tuple],
+                    paths: dict[str, tuple] | None = None) -> None:
     """Refuses, when ``Run.log`` is traced, the empty name, the names of
     W&B's own history columns (``_step``, ``_runtime``, ``_timestamp``),
-    and an array metric beside a metric named as one of its elements'
-    keys (``w`` and ``w/0``).
+    an array metric beside a metric named as one of its elements'
+    keys (``w`` and ``w/0``), and names W&B could not hold as nested
+    keys (see ``_keep_paths``).
 
     Arguments:
       shapes: ``{name: shape}`` of the call's metrics.
+      paths: the keys of each of them that was a nested dict's leaf
+        (``{"train.loss": ("train", "loss")}``).
 
     Raises:
       ValueError: naming the metric and why.
@@ -94,6 +123,31 @@ class WandbWriter(Writer):
             f"the history column {name!r} itself ({', '.join(_WANDB_COLUMNS)}"
             f"), and would mix the two. Rename it, e.g. {name[1:]!r}.")
     keys.check_collisions(shapes, "W&B")
+    self._keep_paths(shapes, paths or {})
+
+  def _keep_paths(self, shapes: dict, paths: dict) -> None:
+    """Keeps the keys of each name that was a nested dict's leaf, so that
+    W&B is handed the tree again (as ``wandb.log`` of the dict would: its
+    ``define_metric("train.loss")`` and its summary see a nested key);
+    refuses a name W&B would hold both as a nested key and as a flat one,
+    or both as a value and as a dict of values."""
+    with self._paths_lock:
+      kept = dict(self._paths)
+      for name in shapes:
+        path = paths.get(name, (name,))
+        if kept.setdefault(name, path) != path:
+          raise ValueError(
+              f"the W&B writer refuses the metric {name!r}: the run logs it "
+              "both as a nested dict's key and as a flat name, which W&B "
+              "keeps as two metrics. Log it one way.")
+      nodes = {path[:i] for path in kept.values() for i in range(1, len(path))}
+      both = sorted(".".join(p) for p in set(kept.values()) & nodes)
+      if both:
+        raise ValueError(
+            f"the W&B writer refuses the metric {both[0]!r}: W&B holds the "
+            f"values of a nested dict under the key {both[0]!r}, which the "
+            "run also logs as a value of its own. Rename one of them.")
+      self._paths = kept
 
   def check_config(self, changes: dict[str, Any]) -> None:
     """Refuses a config key W&B would rename (it strips leading and
@@ -131,8 +185,11 @@ class WandbWriter(Writer):
     Arguments:
       block: the rows to log.
     """
-    for step, scalars in keys.steps(block):
-      self.run.log(scalars, step=step)
+    nested = {n: self._paths[n] for n in block.metrics
+              if len(self._paths.get(n, ())) > 1}
+    for step, values in keys.steps(block):
+      self.run.log(_tree(values, list(block.metrics), nested) if nested
+                   else values, step=step)
 
   def close(self) -> None:
     """Finishes the W&B run (once)."""
