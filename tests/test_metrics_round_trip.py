@@ -296,6 +296,33 @@ def test_nested_keys_and_texts_round_trip_through_every_writer(trackers,
                             "note/member_1": "vmapped"})]
 
 
+@pytest.mark.parametrize("writer", ["jsonl", "csv"])
+def test_texts_keep_every_character_in_the_files(writer, tmp_path):
+  # (the last two, of one length, are joined into one block: a column of
+  # two texts)
+  texts = ['say "hi"', "100%", "é ☃", "two\nlines", "", "a,b", "x y"]
+  run = metrics.Run("chars", root=tmp_path, writers=[writer, "memory"])
+
+  def step(c, i):
+    for k, text in enumerate(texts):  # one call site a text, then joined
+      run.log(i, text=text, k=k)
+    return c, None
+
+  jax.jit(lambda: hostcall.scan(step, 0, jnp.arange(2), every=2))()
+  run.close()
+  expected = [{"step": i, "text": t, "k": k} for i in range(2)
+              for k, t in enumerate(texts)]
+  assert sorted(run.records(), key=lambda r: (r["step"], r["k"])) == expected
+  if writer == "jsonl":
+    got = [json.loads(line) for line in
+           (run.dir / "metrics.jsonl").read_text().splitlines()]
+  else:
+    with open(run.dir / "metrics.csv", newline="", encoding="utf-8") as f:
+      got = [{"step": int(r["step"]), "text": r["text"], "k": int(r["k"])}
+             for r in csv.DictReader(f)]
+  assert sorted(got, key=lambda r: (r["step"], r["k"])) == expected
+
+
 def test_nested_keys_that_meet_and_texts_a_writer_cannot_keep_are_refused(
     trackers, tmp_path):
   run = metrics.Run("meet", root=tmp_path, writers=["jsonl"])

@@ -136,6 +136,15 @@ def is_text(values: np.ndarray) -> bool:
   return np.asarray(values).dtype.kind == "U"
 
 
+def constant_text(values: np.ndarray) -> str | None:
+  """The one text of a text column whose rows all hold it (a call's text
+  value), or None."""
+  if not is_text(values) or values.ndim != 1 or not len(values):
+    return None
+  first = values[0]
+  return str(first) if bool(np.all(values == first)) else None
+
+
 def plain(values: np.ndarray) -> np.ndarray:
   """``values`` as integers or IEEE floats, which every format can hold;
   text as it is."""

@@ -10,7 +10,8 @@ import pathlib
 from hostcall._apps.metrics import config as _config, files
 from hostcall._apps.metrics import reading
 from hostcall._runtime import texts
-from hostcall._apps.metrics.block import (Block, column_texts, plain,
+from hostcall._apps.metrics.block import (Block, column_texts,
+                                          constant_text, plain,
                                           python_values)
 from hostcall._apps.metrics.writer import Writer
 
@@ -77,11 +78,20 @@ class JsonlWriter(Writer):
   def _write(self, columns: dict) -> None:
     # Names are data: written as JSON strings.
     names = [json.dumps(name) for name in columns]
-    # Every row at once by the native formatter, where it can.
-    if texts.write_rows(
-        self._fd,
-        ["{" + names[0] + ": ", *(", " + n + ": " for n in names[1:]), "}\n"],
-        [plain(values) for values in columns.values()], json=True):
+    # Every row at once by the native formatter, where it can; a text
+    # column of one value (a call's text, known when it was traced) is
+    # part of the row's template.
+    pieces, numbers = ["{"], []
+    for i, (name, values) in enumerate(zip(names, columns.values())):
+      pieces[-1] += (", " if i else "") + name + ": "
+      text = constant_text(values)
+      if text is None:
+        numbers.append(plain(values))
+        pieces.append("")
+      else:
+        pieces[-1] += json.dumps(text)
+    pieces[-1] += "}\n"
+    if texts.write_rows(self._fd, pieces, numbers, json=True):
       return
     # Formatted column by column: about a microsecond a row.
     column_text_lists = [
