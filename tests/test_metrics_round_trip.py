@@ -296,6 +296,23 @@ def test_nested_keys_and_texts_round_trip_through_every_writer(trackers,
                             "note/member_1": "vmapped"})]
 
 
+def test_a_call_of_text_alone_logs_a_row_a_step_in_every_loop(tmp_path):
+  run = metrics.Run("alone", root=tmp_path, writers=["memory"])
+
+  def body(c, i):
+    run.log({"phase": "loop"})  # no step, no number: nothing computed
+    return c, None
+
+  jax.jit(lambda: hostcall.scan(body, 0, jnp.arange(3), every=2))()
+  jax.jit(lambda: hostcall.progress.scan(body, 0, jnp.arange(2),
+                                         disable=True))()
+  jax.jit(lambda: jax.lax.scan(body, 0, jnp.arange(2)))()
+  run.log({"phase": "eager"})
+  run.close()
+  assert run.records() == [{"step": i, "phase": "loop"} for i in range(7)
+                           ] + [{"step": 7, "phase": "eager"}]
+
+
 @pytest.mark.parametrize("writer", ["jsonl", "csv"])
 def test_texts_keep_every_character_in_the_files(writer, tmp_path):
   # (the last two, of one length, are joined into one block: a column of
