@@ -192,21 +192,15 @@ def _taps_and_calls(seen):
   return tapped, queued
 
 
-# A global view's calls become outputs, replayed on their own thread: their
-# order with other programs' asynchronous taps is not kept (queued from one
-# device, the calls' order value would be replicated to the others, a
-# collective that jax.jit's program lacks: see the test below).
-_GLOBAL_VIEW_ORDER = pytest.mark.xfail(strict=True, reason=(
-    "issue 42: a global view's calls become outputs, replayed on their own "
-    "thread"))
+# A global view's calls become outputs; the program queues a marker where it
+# runs, and the queue's consumer replays its calls there (issue 52).
 _PLACES = {
     "one device": lambda k: np.int32(k),
     "device 2": lambda k: jax.device_put(np.int32(k), jax.devices()[2]),
     "global view": lambda k: jax.device_put(jnp.full((8,), k, jnp.int32),
                                             SHARDED),
 }
-_ORDER_PLACES = [pytest.param(w, marks=_GLOBAL_VIEW_ORDER)
-                 if w == "global view" else w for w in _PLACES]
+_ORDER_PLACES = list(_PLACES)
 
 
 def _interleaved(where, order: str) -> list:
@@ -351,8 +345,8 @@ def test_a_global_view_program_gets_no_collective_jax_jit_lacks():
   # The call takes the outputs route (the deferring program), which has
   # none of the queued route's replications.
   ran = []
-  deferring = jitted._deferring
-  jitted._deferring = lambda *a: (ran.append(1), deferring(*a))[1]
+  deferring = jitted._deferring_marked
+  jitted._deferring_marked = lambda *a: (ran.append(1), deferring(*a))[1]
   compiled(x)
   hostcall.barrier()
   assert ran == [1]
@@ -361,3 +355,93 @@ def test_a_global_view_program_gets_no_collective_jax_jit_lacks():
     text = program_jit.lower(x).compile().as_text()
     found.append(sorted({m.group(1) for m in re.finditer(_COLLECTIVE, text)}))
   assert found[0] == [] and found[1] == found[0]
+
+
+# The markers' faults (issue 52): a global view's calls are replayed where
+# its marker sits in the queue; nothing may hang, be lost or run twice.
+
+def _global_value(k):
+  return jax.device_put(jnp.full((8,), k, jnp.int32), SHARDED)
+
+
+def test_threads_dispatching_global_views_at_once_get_every_call_once():
+  import threading
+  seen = []
+  lock = threading.Lock()
+
+  def record(v, who):
+    with lock:
+      seen.append((int(who), int(np.asarray(v).ravel()[0])))
+  programs = [hostcall.jit(functools.partial(
+      lambda who, x: hcb.id_tap(lambda v, t: record(v, who), x), who))
+      for who in range(3)]
+
+  def run(who):
+    for k in range(60):
+      programs[who](_global_value(k))
+  threads = [threading.Thread(target=run, args=(w,)) for w in range(3)]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join()
+  hostcall.barrier()
+  from hostcall._runtime.markers import markers
+  assert markers.waiting() == 0
+  for who in range(3):
+    # Each thread's calls, once each, in the order it made them.
+    assert [k for w, k in seen if w == who] == list(range(60))
+
+
+def test_a_dispatch_that_raises_leaves_the_order_of_the_others():
+  seen = []
+  programs = dict(zip("AB", _taps_and_calls(seen)))
+  for k in range(20):
+    programs["A"](_global_value(k))
+    if k == 7:
+      with pytest.raises(TypeError):
+        programs["B"](_global_value(k), "an argument too many")
+      continue
+    programs["B"](_global_value(k))
+  hostcall.barrier()
+  assert seen == [(name, k) for k in range(20) for name in "AB"
+                  if (name, k) != ("B", 7)]
+
+
+def test_a_failing_host_function_on_the_marked_route_fails_the_barrier():
+  seen = []
+
+  def host(v):
+    if int(np.asarray(v).ravel()[0]) == 3:
+      raise ValueError("step 3 failed")
+    seen.append(int(np.asarray(v).ravel()[0]))
+  program = hostcall.jit(lambda x: hostcall.debug_callback(host, x))
+  for k in range(6):
+    program(_global_value(k))
+  with pytest.raises(hostcall.CallbackException, match="step 3 failed"):
+    hostcall.barrier()
+  assert seen == [0, 1, 2, 4, 5]
+
+
+def test_jax_effects_barrier_waits_for_the_marked_routes_calls():
+  seen = []
+  program = hostcall.jit(lambda x: jax.debug.callback(
+      lambda v: seen.append(int(np.asarray(v).ravel()[0])), x))
+  for k in range(50):
+    program(_global_value(k))
+  jax.effects_barrier()
+  assert seen == list(range(50))
+
+
+def test_outputs_over_the_capacity_wait_for_room_and_are_all_delivered(
+    monkeypatch):
+  from hostcall._runtime.markers import markers
+  monkeypatch.setattr(markers, "capacity", 64)  # bytes: about two calls
+  seen = []
+  program = hostcall.jit(lambda x: hostcall.debug_callback(
+      lambda v: seen.append(int(np.asarray(v).ravel()[0])), x))
+  for k in range(100):
+    program(_global_value(k))
+  hostcall.barrier()
+  assert seen == list(range(100))
+  assert markers.waiting() == 0
+

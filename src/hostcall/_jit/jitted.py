@@ -32,6 +32,7 @@ A program with a host call that cannot be taken out is compiled as
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import sys
 import warnings
@@ -41,9 +42,11 @@ import jax
 
 from hostcall import _jax_private
 from hostcall._core.checks import check_callable
-from hostcall._jit import deferring, jax_callbacks, plan as replay_plan
+from hostcall._jit import deferring, jax_callbacks, marker
+from hostcall._jit import plan as replay_plan
 from hostcall._runtime import dispatch_stdout, emission, native, queue
 from hostcall._runtime.deferred import deferred
+from hostcall._runtime.markers import markers
 
 
 class HostcallJitWarning(UserWarning):
@@ -115,6 +118,8 @@ def _queues_from_the_device() -> bool:
                              else _devices_with_the_native_queue())
 
 
+_keys = itertools.count()
+
 #: ``"auto"`` (queued where ``_queues_from_the_device`` says so) or
 #: ``"outputs"`` (always deferred to outputs; for tests and comparison).
 mode = "auto"
@@ -130,6 +135,7 @@ class Jitted:
 
   def __init__(self, fun: Callable, jit_kwargs: dict):
     self._fun = fun
+    self._key = next(_keys)  # (its markers' line)
     self._warned = False  # said once why the program stays as it is
     self._plain = jax.jit(fun, **jit_kwargs)
     # Shardings given: a program over several devices, maybe.
@@ -140,7 +146,12 @@ class Jitted:
       kwargs["out_shardings"] = (kwargs["out_shardings"], None)
 
     def traced(*args, **kwargs):
-      return self._traced(*args, **kwargs)
+      return self._traced(False, args, kwargs)
+
+    # Where the queue is reached natively: the program also queues its
+    # place (``hostcall._jit.marker``).
+    def traced_marked(*args, **kwargs):
+      return self._traced(True, args, kwargs)
 
     # fun's signature (through __wrapped__): jax.jit finds static and
     # donated arguments by name or position in it, passed either way.
@@ -153,9 +164,11 @@ class Jitted:
       return self._traced_queueing(True, args, kwargs)
 
     functools.update_wrapper(traced, fun)
+    functools.update_wrapper(traced_marked, fun)
     functools.update_wrapper(queueing, fun)
     functools.update_wrapper(queueing_kept, fun)
     self._deferring = jax.jit(traced, **kwargs)
+    self._deferring_marked = jax.jit(traced_marked, **kwargs)
     self._queueing = jax.jit(queueing, **jit_kwargs)
     self._queueing_kept = jax.jit(queueing_kept, **kwargs)
 
@@ -180,8 +193,9 @@ class Jitted:
             # value would be replicated to the others, a collective
             # jax.jit's program lacks (threads dispatching such programs
             # at once deadlocked at the runtime's rendezvous); its calls
-            # become outputs instead.
-            return self._call_elsewhere(args, kwargs)
+            # become outputs instead, and the program queues its place
+            # among other programs' asynchronous taps.
+            return self._call_marked(args, kwargs)
           # The CPU runtime does not run several devices' programs in the
           # order they were dispatched: the barrier waits for this one's
           # last call itself (keep_queueing marks it to).
@@ -218,6 +232,27 @@ class Jitted:
     outs, extra = self._deferring(*args, **kwargs)
     if extra.plan is not None:
       deferred.submit(extra.plan, extra.packs)
+    return outs
+
+  def _call_marked(self, args, kwargs):
+    """A global view's call where the queue's consumer delivers the
+    devices' taps: its calls become outputs, replayed by the consumer where
+    the program's marker sits in the queue (``hostcall._runtime.markers``).
+    """
+    if not deferred.started and not deferred.start():
+      return self._plain(*args, **kwargs)  # the interpreter exits
+    dispatch_stdout.noted()
+    markers.begin(self._key)
+    extra = None
+    try:
+      outs, extra = self._deferring_marked(*args, **kwargs)
+    finally:
+      if extra is not None and extra.plan is not None:
+        markers.hand_in(self._key, extra.plan, extra.packs)
+        # A barrier waits for the program to have run (its marker queued).
+        deferred.keep_queueing(extra.packs[0])
+      else:  # it raised, or makes no host call (and queues no marker)
+        markers.abandon(self._key)
     return outs
 
   @property
@@ -319,7 +354,7 @@ class Jitted:
     outs = jax.tree_util.tree_unflatten(out_tree, outs)
     return (outs, last) if keep else outs
 
-  def _traced(self, *args, **kwargs):
+  def _traced(self, marked: bool, args, kwargs):
     if _jax_private.is_top_level():  # (see _traced_queueing)
       return self._fun(*args, **kwargs), _DeferredOutputs([], None)
     closed, values, out_tree = self._trace(args, kwargs)
@@ -330,6 +365,8 @@ class Jitted:
               _DeferredOutputs([], None))
     outs, extra, nodes = deferring.evaluate(deferrable, values)
     packs, plan = replay_plan.pack(extra, nodes)
+    if marked:
+      marker.bind(self._key)
     return (jax.tree_util.tree_unflatten(out_tree, outs),
             _DeferredOutputs(packs, plan))
 
@@ -345,6 +382,7 @@ class Jitted:
   def clear_cache(self) -> None:
     self._plain.clear_cache()
     self._deferring.clear_cache()
+    self._deferring_marked.clear_cache()
     self._queueing.clear_cache()
     self._queueing_kept.clear_cache()
 

@@ -35,6 +35,7 @@ from hostcall import _jax_private
 from hostcall._runtime import call_sites, native, queues
 from hostcall._runtime.call_sites import sites
 from hostcall._runtime.deferred import deferred
+from hostcall._runtime.markers import markers
 from hostcall._runtime import calls, errors
 from hostcall._core.targets import Steps
 
@@ -410,6 +411,8 @@ def wait() -> None:
     pushed, submitted = consumer.pushed(), deferred.submitted()
     deferred.drain(count=submitted)
     consumer.drain(count=pushed)
+    if markers.waiting():  # (outputs whose marker claimed another's)
+      markers.settle()
     deferred.settle_queued()
     _jax_private.wait_for_effects()  # what the delivered host functions ran
     if consumer.pushed() == pushed and deferred.submitted() == submitted:
@@ -424,7 +427,7 @@ def anything_to_wait_for() -> bool:
   if consumer.forked:
     return False
   return (deferred.queued_since_barrier or deferred.pending() > 0
-          or consumer.undelivered())
+          or consumer.undelivered() or markers.waiting() > 0)
 
 
 def wait_at_exit() -> None:

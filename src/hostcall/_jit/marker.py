@@ -1,0 +1,81 @@
+"""``hostcall_marker_p``: a program on the outputs route queues its place.
+
+Bound once, at the top level of a program whose host calls become its
+outputs where the queue's consumer delivers the devices' taps (a global
+view of several CPU devices): as the program runs, the device that makes a
+global view's calls queues a marker item (``hostcall_marker``, a native
+custom call that every device runs and the chosen one acts on), and the
+queue's consumer replays the calls of the dispatch it marks when it reaches
+it (``hostcall._runtime.markers``), so that they keep their place among
+other programs' asynchronous taps.
+
+Native, not a JAX Python callback: a device waiting for the interpreter
+lock, in a program with collectives, deadlocked the CPU runtime's
+rendezvous while the dispatching thread held the lock. It takes no operand
+and returns nothing: the program gains no transfer between devices.
+
+Bound only when a program is compiled; no transformation ever sees it.
+"""
+
+from __future__ import annotations
+
+import jax
+from jax.extend import core as jex_core
+
+from hostcall import _jax_private
+from hostcall._core import effects
+from hostcall._core.context import make_context
+from hostcall._runtime import call_sites, emission, queue
+from hostcall._runtime.markers import MarkerTarget
+
+hostcall_marker_p = jex_core.Primitive("hostcall_marker")
+hostcall_marker_p.multiple_results = True
+
+# An effect, so that the program is dispatched as JAX dispatches programs
+# with callbacks: the dispatching thread then lets go of the interpreter
+# lock while the devices run, which the chosen device needs for its marker
+# (JAX's faster path for effect-free programs kept it while it waited for
+# the previous program's collectives: the rendezvous deadlocked).
+_EFFECT = effects.EFFECTS["unordered"]
+
+
+def bind(key: int) -> None:
+  """Stages the marker of a dispatch of the function ``key``."""
+  hostcall_marker_p.bind(key=key)
+
+
+def _abstract_eval(*, key):
+  del key
+  return [], {_EFFECT}
+
+
+def _lowering(ctx, *, key):
+  device, _ = emission.caller(ctx, 0)
+  queue.consumer.start()
+  site = call_sites.sites.add(MarkerTarget(key), make_context((), device),
+                              ())
+
+  def callback():
+    queue.consumer.push(site.site, [])
+    return ()
+  # (JAX's executable owns the callback, the callback the site.)
+  _jax_private.emit_python_callback(
+      ctx, callback, None, [], [], [], has_side_effect=True,
+      returns_token=False, sharding=emission.op_sharding(
+          ctx.module_context.axis_context,
+          jax.sharding.SingleDeviceSharding(device), []))
+  return []
+
+
+def _impl(*, key):
+  raise NotImplementedError(
+      f"hostcall: hostcall_marker (of function {key}) is bound only inside "
+      "hostcall.jit's compilation")
+
+
+hostcall_marker_p.def_effectful_abstract_eval(_abstract_eval)
+hostcall_marker_p.def_impl(_impl)
+_jax_private.register_lowering(hostcall_marker_p, _lowering)
+_jax_private.keep_when_unused(hostcall_marker_p)
+# Made by one device of the program's: the lowering needs them.
+_jax_private.require_devices_during_lowering(hostcall_marker_p)
