@@ -232,3 +232,28 @@ def test_hostcall_scan_takes_only_what_users_need():
   with pytest.raises(TypeError, match="after_chunk"):
     hostcall.scan(lambda c, _: (c, None), 0, length=2,
                   after_chunk=lambda c, ys: None)
+
+
+@pytest.mark.parametrize("every", [1, 2, 5])
+@pytest.mark.parametrize("loop", ["hostcall.scan", "progress.scan"])
+def test_a_tap_without_operands_runs_once_a_step_as_under_lax_scan(
+    loop, every):
+  # It buffers no value: its chunk's flush was left out, and the calls
+  # with it (found by issue 54's review).
+  import hostcall.progress
+  seen = []
+
+  def body(c, x):
+    hostcall.debug_callback(lambda: seen.append("tick"))
+    hostcall.debug_callback(lambda v: seen.append(int(v)), x)
+    return c + x, None
+  jax.jit(lambda: jax.lax.scan(body, 0, jnp.arange(5)))()
+  hostcall.barrier()
+  expected, seen[:] = list(seen), []
+  scan = {"hostcall.scan": functools.partial(hostcall.scan, every=every),
+          "progress.scan": functools.partial(hostcall.progress.scan,
+                                             every=every, disable=True)}[loop]
+  jax.jit(lambda: scan(body, 0, jnp.arange(5)))()
+  hostcall.barrier()
+  assert expected == ["tick", 0, "tick", 1, "tick", 2, "tick", 3, "tick", 4]
+  assert seen == expected

@@ -175,7 +175,7 @@ def chunked_scan(f: Callable, init, xs=None, length: int | None = None,
     # plain loop's program.
     carry, (ys, taps) = (chunk(carry, xs_part) if stack is None else
                          lax.scan(chunk, carry, xs_part, length=stack))
-    if taps:
+    if flushes[0].targets:  # (a tap without operands buffers no value)
       bind(merge(list(taps)) + [jnp.int32(n * (stack or 1))],
            target=flushes[0], kind="call", ordering=flush_ordering)
     # A lone chunk ticks after its flush, so that the host has its taps by
