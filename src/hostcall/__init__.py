@@ -39,6 +39,7 @@ Public API:
 from hostcall import (_jax_private, _notebook, control, host_callback, metrics,
                       progress)
 from hostcall._apps.scan import scan
+from hostcall._apps.nans import find_nans
 import atexit as _atexit
 
 from hostcall._runtime import queue as _queue
@@ -92,6 +93,7 @@ __all__ = [
     "debug_callback",
     "debug_print",
     "fd_step",
+    "find_nans",
     "grad_callback",
     "grad_print",
     "host_callback",
