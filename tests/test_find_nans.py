@@ -112,6 +112,18 @@ def test_a_nan_in_an_input_is_reported_as_that_input(checked, reports):
   assert (r.input, r.value) == ("scale", "infinity")
 
 
+def test_a_nan_in_a_value_the_function_closes_over(checked, reports):
+  table = np.array([1.0, np.nan, 3.0], np.float32)
+  checked(lambda i: jnp.asarray(table)[i] * 2.0)(0)
+  (r,) = received(reports)
+  assert (r.primitive, r.input) == (None, "a value the function closes over")
+  reports.clear()
+  jax.grad(lambda w: checked(lambda x: x * w)(1.0))(np.float32(np.inf))
+  (r,) = received(reports)
+  assert (r.input, r.value) == ("a value the function closes over",
+                                "infinity")
+
+
 def test_integer_and_boolean_outputs_are_not_checked(checked, reports):
   def f(x, n):
     k = n // 0  # integer division by zero: no NaN to find

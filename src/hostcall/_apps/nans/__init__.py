@@ -15,6 +15,6 @@ host, one concept a module, each importing only from those before it:
 """
 
 from hostcall._apps.nans.checked import find_nans
-from hostcall._apps.nans.sites import NanError, NanReport
+from hostcall._apps.nans.sites import NanReport
 
-__all__ = ["NanError", "NanReport", "find_nans"]
+__all__ = ["NanReport", "find_nans"]

@@ -31,6 +31,7 @@ from hostcall import _jax_private
 from hostcall._apps.nans import members
 from hostcall._apps.nans.found import NOTHING
 from hostcall._apps.nans.interpreter import Checker
+from hostcall._apps.nans.preserving import non_finite_constant
 from hostcall._apps.nans.region import Place
 from hostcall._apps.nans.sites import Reporter, Site, Sites, check_on_nan
 from hostcall._core.checks import check_callable, is_array_like
@@ -121,8 +122,12 @@ def _checked_call(fun: Callable, on_nan, infs: bool, name: str, tree,
       consts[i] = value
     region = checker.new_region(checker.depth_of(closed.jaxpr))
     _check_inputs(region, operands[:n_args], names, "forward")
-    _check_inputs(region, consts, ["a value the function closes over"] *
-                  len(consts), "forward")
+    # A constant known when traced is checked there; one that holds a NaN
+    # is checked on the device too, so that the report says so.
+    closed_over = [c for c in consts if isinstance(c, _jax_private.Tracer)
+                   or non_finite_constant(c)]
+    _check_inputs(region, closed_over, ["a value the function closes over"]
+                  * len(closed_over), "forward")
     outs = checker.evaluate(closed.jaxpr, consts, operands[:n_args], region,
                             Place("forward"))
     return outs, region.found()

@@ -59,7 +59,7 @@ def _preserves(eqn, invals, infs: bool) -> bool:
   return name in _PRESERVING
 
 
-def _non_finite_constant(value) -> bool:
+def non_finite_constant(value) -> bool:
   """Whether ``value`` is known when traced (not a tracer) and holds a NaN
   or an infinity."""
   if isinstance(value, _jax_private.Tracer):
@@ -76,4 +76,4 @@ def needs_check(eqn, invals, infs: bool) -> bool:
   """Whether ``eqn``'s outputs (bound on ``invals``) are checked, where
   infinities are looked for (``infs``) or NaNs only."""
   return not _preserves(eqn, invals, infs) or any(
-      _non_finite_constant(v) for v in invals)
+      non_finite_constant(v) for v in invals)

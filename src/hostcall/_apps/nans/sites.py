@@ -5,8 +5,9 @@ Each check a trace adds is a ``Site`` (the primitive and the user's line,
 or the input it looks at; the loops around it), numbered in the trace's
 ``Sites``; the device sends a site's number, never a text. The ``Reporter``
 is the host function of the one asynchronous call a checked pass makes when
-it found something: it turns the numbers into a ``NanReport`` and raises,
-warns or hands it on, as ``find_nans(on_nan=...)`` says.
+it found something: it turns the numbers into a ``NanReport`` and leaves a
+``FloatingPointError`` for the next barrier, warns or hands it on, as
+``find_nans(on_nan=...)`` says.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Callable
 import numpy as np
 
 from hostcall._apps.nans.found import NAN
+from hostcall._runtime import errors
 
 ON_NAN = ("raise", "warn")
 
@@ -132,16 +134,6 @@ class NanReport:
     return text + (f"\n    {source}" if source else "")
 
 
-class NanError(FloatingPointError):
-  """What ``find_nans(on_nan="raise")`` raises on the host (the next
-  ``hostcall.barrier()`` raises ``CallbackException`` from it), its report
-  in ``report``."""
-
-  def __init__(self, report: NanReport):
-    super().__init__(str(report))
-    self.report = report
-
-
 @dataclasses.dataclass(frozen=True, eq=False)
 class Reporter:
   """The host function of a checked pass's report: the device's numbers
@@ -158,7 +150,12 @@ class Reporter:
   def __call__(self, code, site, steps, member, members) -> None:
     report = self.report(code, site, steps, member, members)
     if self.on_nan == "raise":
-      raise NanError(report)
+      # Postponed to the next barrier as a failing asynchronous call is,
+      # without the delivery's frames: the report says where it was made.
+      error = FloatingPointError(str(report))
+      error.report = report
+      errors.postpone(error, self.__name__)
+      return
     if self.on_nan == "warn":
       warnings.warn(str(report), RuntimeWarning, stacklevel=1)
     else:
