@@ -44,6 +44,7 @@ ROWS = (
     ("1 MiB async tap", rows_taps.big_async_tap),
     ("busy main thread", rows_taps.busy_main_thread),
     ("progress bar and metrics", rows_apps.progress_bar),
+    ("progress bar and metrics", rows_apps.progress_bar_postfix),
     ("progress bar and metrics", rows_apps.metrics_rows),
     ("peers", rows_apps.peers),
     ("steered loops", rows_apps.steered_loops),

@@ -38,6 +38,33 @@ def progress_bar(b: Bench) -> list[dict]:
                None, "vs the plain scan with one jax.debug.callback")]
 
 
+def progress_bar_postfix(b: Bench) -> list[dict]:
+  """A bar showing the step's loss (``progress.set_postfix``), against the
+  same bar loop without it: what the postfix adds, the value riding in the
+  loop's state and on the bar's ticks. The loss is one the step returns
+  anyway (its ``ys``), as a training step's is; one computed for the bar
+  alone costs its own computation too (the second row)."""
+  def loop(postfix: bool, returned: bool):
+    def step(carry, _):
+      carry = matmul_step(carry)
+      loss = carry[0, 0]
+      if postfix:
+        hostcall.progress.set_postfix(loss=loss)
+      return carry, loss if returned else None
+    return jax.jit(lambda x: hostcall.progress.scan(
+        step, x, None, length=b.steps, file=io.StringIO()))
+
+  repeats = 3 * b.repeats
+  us, ratio = b.paired(loop(True, True), repeats=repeats,
+                       base_fn=loop(False, True))
+  us_alone, alone = b.paired(loop(True, False), repeats=repeats,
+                             base_fn=loop(False, False))
+  return [row("progress bar + set_postfix(loss) / the bar alone", us, ratio,
+              1.02, "the loss the step returns; ratio to the same bar loop"),
+          row("... set_postfix of a value computed for it / the bar",
+              us_alone, alone, None, "carry[0, 0] computed for the bar only")]
+
+
 def metrics_rows(b: Bench) -> list[dict]:
   """Per-step metrics, against XLA's floor (the same values as ys), and
   with a progress bar (the demo's loop)."""
