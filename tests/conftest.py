@@ -6,8 +6,8 @@ import pytest
 
 import hostcall
 from hostcall import host_callback as hcb
-from hostcall._runtime import errors, queue
-from hostcall._runtime.barriers import settle
+from hostcall._runtime import errors, tap_queue
+from hostcall._runtime.barriers import wait_without_raising
 
 
 @pytest.fixture(autouse=True)
@@ -15,10 +15,10 @@ def _no_leftover_tap_errors():
   """Each test starts with nothing pending and must end so: every host call
   it started delivered, and every tap exception it caused raised by a
   barrier it asserted on (not left for the next test)."""
-  settle()
+  wait_without_raising()
   errors.take_postponed()
   yield
-  settle()
+  wait_without_raising()
   leftover = errors.take_postponed()
   if leftover is not None:
     exc, formatted, count = leftover
@@ -77,14 +77,14 @@ def window():
   missed wake-up a hang) and restores the default after the test."""
   def set_window(seconds, idle=None):
     hostcall.barrier()
-    queue.consumer.gather = seconds
-    queue.consumer.idle_gather = seconds if idle is None else idle
+    tap_queue.consumer.gather = seconds
+    tap_queue.consumer.idle_gather = seconds if idle is None else idle
     # The delivery thread may be in a trip begun with the old window: a
     # barrier with nothing queued does not end it; one tap does.
     jax.jit(lambda: hcb.id_tap(lambda *a: None, 0, delivery="async"))()
     hostcall.barrier()
   yield set_window
-  set_window(queue.DEFAULT_GATHER, queue.IDLE_GATHER)
+  set_window(tap_queue.DEFAULT_GATHER, tap_queue.IDLE_GATHER)
 
 
 @pytest.fixture(params=["queued", "outputs"])

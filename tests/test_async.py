@@ -14,7 +14,7 @@ from jax import lax
 
 import hostcall
 from hostcall import host_callback as hcb
-from hostcall._runtime import queue as asynchronous
+from hostcall._runtime import tap_queue as asynchronous
 from tests.helpers import wait_for
 
 BATCH0 = ("batch", {"batch_dims": (0,)})
@@ -24,10 +24,10 @@ def test_the_device_queues_through_the_native_handler_unless_told_not_to():
   # One queue, the native one; the device reaches it through the FFI
   # handler, or through JAX's callbacks with HOSTCALL_NATIVE=0 (a platform
   # without the handler; tested on its own below).
-  from hostcall._runtime import queue, queues
+  from hostcall._runtime import tap_queue, native_queue
   handlers = os.environ.get("HOSTCALL_NATIVE", "1") != "0"
   assert hostcall.queue_stats()["native"] is handlers
-  assert type(queue.consumer.start()) is queues.NativeQueue
+  assert type(tap_queue.consumer.start()) is native_queue.NativeQueue
 
 
 def test_order_and_completeness_with_several_taps_a_step(recorder):

@@ -22,7 +22,7 @@ from jax import lax
 
 import hostcall
 from hostcall import host_callback as hcb, metrics
-from hostcall._runtime import queues
+from hostcall._runtime import native_queue
 from tests.helpers import run_python
 
 ROOT = pathlib.Path(__file__).parent.parent
@@ -93,7 +93,7 @@ def test_every_dtype_is_logged_and_read_back(tmp_path):
 
 
 def test_a_failing_delivery_never_kills_the_consumer(monkeypatch):
-  from hostcall._runtime import queue as asynchronous
+  from hostcall._runtime import tap_queue as asynchronous
   got = []
   f = jax.jit(lambda x: hcb.id_tap(lambda a, t: got.append(int(a)), x,
                                    delivery="async"))
@@ -325,7 +325,7 @@ def test_a_queued_call_python_cannot_read_is_reported_and_released(
                                    jnp.full((1000,), x), delivery="async"))
   f(0)
   hostcall.barrier()
-  real, real_block = ctypes.string_at, queues._new_block
+  real, real_block = ctypes.string_at, native_queue._new_block
 
   def out_of_memory(address, size):
     monkeypatch.setattr(ctypes, "string_at", real)
@@ -333,11 +333,11 @@ def test_a_queued_call_python_cannot_read_is_reported_and_released(
 
   def no_buffer(size):
     # The one buffer for a batch's items: each is then read alone.
-    monkeypatch.setattr(queues, "_new_block", real_block)
+    monkeypatch.setattr(native_queue, "_new_block", real_block)
     raise MemoryError()
 
   monkeypatch.setattr(ctypes, "string_at", out_of_memory)
-  monkeypatch.setattr(queues, "_new_block", no_buffer)
+  monkeypatch.setattr(native_queue, "_new_block", no_buffer)
   f(1)
   with pytest.raises(hcb.CallbackException,
                      match=r"could not be read into Python \(MemoryError"):

@@ -541,7 +541,7 @@ def test_a_check_waits_for_its_chunks_results():
             yield from find(inner, name)
 
   def waits_for_a_loop(body, check):
-    # Walk the witness operand back to what produced it: a loop.
+    # Walk the waiting operand back to what produced it: a loop.
     producers = {v: e for e in body.eqns for v in e.outvars}
     pending, seen = [check.invars[2]], set()
     while pending:

@@ -14,7 +14,7 @@ from jax import lax
 
 import hostcall
 from hostcall import host_callback as hcb
-from hostcall._runtime import queue as asynchronous, queues
+from hostcall._runtime import tap_queue as asynchronous, native_queue
 from tests.helpers import wait_for
 
 # Longer than any test's guard: a rule that failed to end the window would
@@ -73,13 +73,13 @@ def test_a_full_queue_ends_the_window(window, recorder):
 def test_a_full_batch_ends_the_window(window, recorder):
   window(FOREVER)
   trips = hostcall.queue_stats()["trips"]
-  _tapping_loop(recorder, 3 * queues.NativeQueue.BATCH + 5)()
+  _tapping_loop(recorder, 3 * native_queue.NativeQueue.BATCH + 5)()
   # Whole batches go without a barrier; only the last five wait for one.
-  wait_for(lambda: len(recorder.calls) >= 3 * queues.NativeQueue.BATCH)
-  assert len(recorder.calls) == 3 * queues.NativeQueue.BATCH
+  wait_for(lambda: len(recorder.calls) >= 3 * native_queue.NativeQueue.BATCH)
+  assert len(recorder.calls) == 3 * native_queue.NativeQueue.BATCH
   hostcall.barrier()
   assert [v[0] for v in recorder.values] == list(
-      range(3 * queues.NativeQueue.BATCH + 5))
+      range(3 * native_queue.NativeQueue.BATCH + 5))
   assert hostcall.queue_stats()["trips"] == trips + 4
 
 
@@ -106,7 +106,7 @@ def test_a_steered_loop_with_a_predicate_does_not_wait_out_the_window(
 def test_flush_soon_delivers_what_is_queued_and_later_taps_gather(
     window, recorder):
   # A barrier asks for it first, so that the delivery thread wakes while
-  # running computations settle: it takes what is queued then, in one
+  # running computations end: it takes what is queued then, in one
   # trip, and what comes after it gathers again.
   window(FOREVER)
   trips = hostcall.queue_stats()["trips"]
@@ -220,13 +220,13 @@ def test_a_failing_trip_hook_is_logged_and_delivery_goes_on(recorder,
     ran.append(True)
     raise _HookFailure("a trip hook")
 
-  calls.add_trip_hook(failing)
+  calls.add_round_hook(failing)
   try:
     for i in range(2):  # a trip each: the thread outlives the first
       jax.jit(lambda: hcb.id_tap(recorder, i, delivery="async"))()
       hostcall.barrier()
   finally:
-    calls._trip_hooks.remove(failing)
+    calls._round_hooks.remove(failing)
   assert [int(v) for v in recorder.values] == [0, 1]
   assert len(ran) >= 2
   assert "a delivery trip's hook failed" in caplog.text

@@ -12,7 +12,7 @@ from jax import lax
 
 import hostcall
 from hostcall import host_callback as hcb
-from hostcall._runtime import queues
+from hostcall._runtime import native_queue
 from hostcall._jit import deferring, jitted as jit_module
 
 #: The thread that delivers a program's calls: queued from the device (one
@@ -493,7 +493,7 @@ def test_exit_without_a_barrier_delivers_every_call(tmp_path):
 def test_slow_host_functions_bound_what_waits_and_lose_nothing(mode):
   if mode == "queued":
     pytest.skip("outputs' own bound; the queue's: tests/test_async.py")
-  from hostcall._runtime.deferred import deferred
+  from hostcall._runtime.outputs_replay import deferred
   seen = []
   before = deferred.capacity
   deferred.capacity = 64 * 1024  # a few hundred calls' values
@@ -717,7 +717,7 @@ def test_a_host_function_of_another_program_never_waits_for_room(mode):
   # The deferred thread holds a full buffer until the main thread's
   # jax.jit program returns; that program's host function calls a
   # hostcall.jit program: waiting for room there would wait for itself.
-  from hostcall._runtime.deferred import deferred
+  from hostcall._runtime.outputs_replay import deferred
   seen, released = [], threading.Event()
   before = deferred.capacity
   deferred.capacity = 64 * 1024
@@ -883,8 +883,8 @@ def test_a_queued_call_python_cannot_read_loses_only_itself(mode,
   import ctypes
   if mode != "queued":
     pytest.skip("queued calls only")
-  from hostcall._runtime import native
-  if not native.ffi():
+  from hostcall._runtime import queue_library
+  if not queue_library.ffi():
     pytest.skip("HOSTCALL_NATIVE=0: JAX's callbacks push copies")
   seen = []
 
@@ -913,7 +913,7 @@ def test_a_queued_call_python_cannot_read_loses_only_itself(mode,
 
   hostcall.set_gather_window(1.0)  # the three calls in one batch
   try:
-    monkeypatch.setattr(queues, "_new_block", no_buffer)
+    monkeypatch.setattr(native_queue, "_new_block", no_buffer)
     monkeypatch.setattr(ctypes, "string_at", second_unreadable)
     for i in range(3):
       f(np.full(8, i, np.int32))

@@ -11,8 +11,8 @@ import sysconfig
 import jax
 import pytest
 
-from hostcall._apps.control import native as control_native
-from hostcall._runtime import emission, libraries, native as queue_native
+from hostcall._apps.control import stop_states_library as control_native
+from hostcall._runtime import emission, libraries, queue_library as queue_native
 
 
 def _loaded(library):
@@ -85,14 +85,14 @@ def test_a_platform_is_one_row_of_the_table(monkeypatch, request):
   # emitted, whether hostcall.jit queues from the device, and whether its
   # outputs route starts copies ahead.
   import types
-  from hostcall._runtime import deferred
+  from hostcall._runtime import outputs_replay
   from hostcall._jit import jitted
 
   def lowering_on(name):
     module = types.SimpleNamespace(platforms=[name], axis_context=None)
     return types.SimpleNamespace(module_context=module)
 
-  request.addfinalizer(deferred._host_buffers.cache_clear)
+  request.addfinalizer(outputs_replay._host_buffers.cache_clear)
   fake = emission.Platform(native=frozenset({"enqueue"}), host_buffers=False)
   monkeypatch.setattr(emission, "PLATFORMS", {"fake": fake})
   assert emission.route(lowering_on("fake"), "enqueue", True) == "ffi"
@@ -102,15 +102,15 @@ def test_a_platform_is_one_row_of_the_table(monkeypatch, request):
   assert emission.platform("cpu") == emission.Platform()
   monkeypatch.setattr(jax, "default_backend", lambda: "fake")
   monkeypatch.setattr(jitted, "_QUEUED", None)
-  deferred._host_buffers.cache_clear()
+  outputs_replay._host_buffers.cache_clear()
   assert jitted._devices_with_the_native_queue() is True
-  assert deferred._host_buffers() is False
+  assert outputs_replay._host_buffers() is False
   monkeypatch.setattr(emission, "PLATFORMS", {"fake": emission.Platform(
       host_buffers=True)})
   monkeypatch.setattr(jitted, "_QUEUED", None)
-  deferred._host_buffers.cache_clear()
+  outputs_replay._host_buffers.cache_clear()
   assert jitted._devices_with_the_native_queue() is False
-  assert deferred._host_buffers() is True
+  assert outputs_replay._host_buffers() is True
 
 
 def test_a_missing_extension_is_a_clear_error_naming_the_fix(monkeypatch):

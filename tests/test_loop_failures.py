@@ -105,7 +105,8 @@ def test_a_loop_opened_where_a_failure_is_contained_stops_at_its_first_check(
     monkeypatch):
   # A steered loop nested in the chunk of one whose host function failed
   # (on the same device) inherits the failure: its first check stops it.
-  from hostcall._apps.control import FAILED, Stop, host, native as library
+  from hostcall._apps.control import FAILED, Stop, host
+  from hostcall._apps.control import stop_states_library as library
   from hostcall._apps.control import states
   from hostcall._core.context import make_context
   stop_states = states.StopStates(library.load())

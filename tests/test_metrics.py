@@ -97,7 +97,7 @@ def test_the_writer_joins_waiting_blocks_with_the_same_columns(tmp_path):
     # Every put is queued behind the held write (the queue's thread has
     # delivered every call: a run of one site's calls may come as one
     # block); then let it go.
-    from hostcall._runtime import queue as queue_module
+    from hostcall._runtime import tap_queue as queue_module
     jax.effects_barrier()
     assert queue_module.consumer.drain(timeout=60)
     assert 5 <= writer_thread.shared._pending_blocks <= 8 and not writes

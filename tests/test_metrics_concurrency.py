@@ -262,7 +262,7 @@ def test_small_blocks_gather_and_whoever_waits_never_waits_out_the_window(
     poll.wait(0.005)
   assert writers._gathering and run.got == []
   writers.put(run, _block(1, 2))
-  with writers.hurried():  # as a flush, a barrier or a close waits
+  with writers.waited_for():  # as a flush, a barrier or a close waits
     _wait_until(writers, lambda: writers._pending_blocks == 0)
   assert run.got == [([0, 1, 2], 2)]  # one write
   assert run.written == 2
@@ -283,19 +283,19 @@ def test_a_writes_worth_of_blocks_is_written_without_waiting_out_the_window(
 
 def test_blocks_handed_over_in_one_trip_are_written_once_it_ends(
     monkeypatch):
-  # A delivery thread's trip ends (calls.trip_ended): no more blocks come
+  # A delivery thread's trip ends (calls.round_ended): no more blocks come
   # before its next, so the writer writes what it has rather than waiting
   # out its window.
   writers = _started_writer_thread(monkeypatch, GATHER_SECONDS=3600.0)
   run = _FakeRun()
   writers.put(run, _block(0))
   writers.put(run, _block(1, 2))
-  writers.trip_ended()
+  writers.round_ended()
   _wait_until(writers, lambda: writers._pending_blocks == 0)
   assert run.got == [([0, 1, 2], 2)]  # one write
-  writers.trip_ended()  # with nothing waiting: nothing to write
+  writers.round_ended()  # with nothing waiting: nothing to write
   writers.put(run, _block(3))
-  writers.trip_ended()
+  writers.round_ended()
   _wait_until(writers, lambda: writers._pending_blocks == 0)
   assert run.got == [([0, 1, 2], 2), ([3], 1)]
 
@@ -305,7 +305,7 @@ def test_a_programs_rows_are_written_once_delivered_with_no_one_waiting(
     jit, tmp_path, monkeypatch):
   # The rows a trip of the delivery thread hands over are written while
   # the caller goes on: not at its next barrier, a window later.
-  from hostcall._runtime import queue as queue_module
+  from hostcall._runtime import tap_queue as queue_module
   writers = writer_thread.shared
   monkeypatch.setattr(writers, "GATHER_SECONDS", 3600.0)
   run = metrics.Run("trip", root=tmp_path)
@@ -342,7 +342,7 @@ def test_a_put_waiting_for_room_ends_the_writers_window(monkeypatch):
 
   threading.Thread(target=put_three, daemon=True).start()
   assert done.wait(60), "the third put waited out the writer's window"
-  with writers.hurried():
+  with writers.waited_for():
     _wait_until(writers, lambda: writers._pending_blocks == 0)
   assert [s for steps, _ in run.got for s in steps] == [0, 1, 2]
   assert run.written == 3

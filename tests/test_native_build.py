@@ -28,7 +28,7 @@ _TAP = """
     import jax, jax.numpy as jnp, hostcall
     from hostcall import host_callback as hcb
     from hostcall._apps.control import controls
-    from hostcall._runtime import native
+    from hostcall._runtime import queue_library
     seen = []
     jax.jit(lambda x: hcb.id_tap(lambda v, t: seen.append(float(v)), x * 2,
                                  delivery="async"))(jnp.float32(1.5))
@@ -37,7 +37,7 @@ _TAP = """
         lambda c: c < 10, lambda c: c + 1, 0, every=1, time_limit=60.0))
     print(seen, hostcall.queue_stats()["native"], controls.native,
           int(loop().value))
-    print(native.LIBRARY.path())
+    print(queue_library.LIBRARY.path())
     """
 
 

@@ -748,7 +748,7 @@ def test_a_run_of_queued_ticks_draws_each_invocations_last(calls,
                       lambda handle, steps, device: after.append(
                           (handle, steps)))
   tick = loop_events._Tick(site=loops_module.invocations.site(
-      loops_module.Undrawn(position=0, interruptible=False)))
+      loops_module.NoBarSpec(position=0, interruptible=False)))
   stacked = [np.array([5, 5, 7, 5, 5, 9, 9], np.int32),  # handles
              np.array([10, 20, 10, 30, 40, 1, 2], np.int32),  # counts
              np.zeros((7, 0), np.float32)]  # witnesses
@@ -765,7 +765,7 @@ def test_a_run_of_vmapped_ticks_reports_the_furthest_lane_and_running(
   monkeypatch.setattr(loops_module.invocations, "tick",
                       lambda *args: seen.append(args))
   tick = loop_events._Tick(site=loops_module.invocations.site(
-      loops_module.Undrawn(position=0, interruptible=False)))
+      loops_module.NoBarSpec(position=0, interruptible=False)))
   # Three lanes (the batch axis first), two ticks, a while loop's running
   # lanes.
   stacked = [np.full((3, 2), 4, np.int32),

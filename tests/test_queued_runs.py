@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import hostcall
-from hostcall._runtime import call_sites, emission, native, queue, queues
+from hostcall._runtime import (call_sites, emission, native_queue,
+                               queue_library, tap_queue)
 from hostcall._jit import jitted as jit_module
 
 
@@ -51,7 +52,7 @@ def test_the_last_call_returns_nothing_and_every_call_keeps_its_order(
     queued, route, monkeypatch):
   if route == "python":
     monkeypatch.setattr(emission, "route", lambda *args: "python")
-  elif not native.ffi():
+  elif not queue_library.ffi():
     pytest.skip("HOSTCALL_NATIVE=0: JAX's callbacks push the calls")
   seen = []
   step = hostcall.jit(_program(seen))
@@ -84,7 +85,7 @@ def test_a_program_ending_in_a_loop_keeps_the_loops_calls(queued):
   assert float(step(np.float32(1))) == 4.0
   hostcall.barrier()
   assert seen == [1.0, 4.0, 9.0]
-  if not native.ffi():
+  if not queue_library.ffi():
     return  # (HOSTCALL_NATIVE=0: JAX's callbacks push the calls)
   text = step._hostcall_jitted._queueing.lower(np.float32(0)).compile(
       ).as_text()
@@ -103,7 +104,7 @@ def test_one_call_of_many_operands_returns_nothing(queued):
   step(np.float32([1.5, -2.0]))
   hostcall.barrier()
   assert seen == [[[1.5, -2.0], [1, -2], [True, False]]]
-  if not native.ffi():
+  if not queue_library.ffi():
     return  # (HOSTCALL_NATIVE=0: JAX's callbacks push the calls)
   text = step._hostcall_jitted._queueing.lower(
       np.float32([0, 0])).compile().as_text()
@@ -114,7 +115,7 @@ def test_a_batch_is_cut_into_runs_of_one_site_and_size():
   sites = np.array([3, 3, 5, 5, 5, 3, 7], np.int64)
   sizes = np.array([2, 2, 1, 1, 1, 2, 0], np.int64)
   block = np.arange(int(sizes.sum()), dtype=np.uint8)
-  runs = queues.Packed.runs_of(sites, sizes, block)
+  runs = native_queue.Packed.runs_of(sites, sizes, block)
   assert [(r.site, r.count, r.size) for r in runs] == [
       (3, 2, 2), (5, 3, 1), (3, 1, 2), (7, 1, 0)]
   assert runs[0].rows().tolist() == [[0, 1], [2, 3]]
@@ -128,7 +129,7 @@ def test_a_batch_is_cut_into_runs_of_one_site_and_size():
 
 def _packed(site, layouts, rows):
   raw = b"".join(rows)
-  return queues.Packed(site, len(rows), len(rows[0]),
+  return native_queue.Packed(site, len(rows), len(rows[0]),
                        np.frombuffer(raw, np.uint8))
 
 
@@ -177,10 +178,10 @@ def test_columns_refuse_rows_of_the_wrong_size():
 
 def test_items_are_handed_over_in_runs_of_one_site():
   items = [(site, [np.float32([site])], None) for site in (4, 4, 9, 4)]
-  runs = queues.runs(items)
+  runs = native_queue.runs(items)
   assert [[item[0] for item in run] for run in runs] == [[4, 4], [9], [4]]
   assert [float(run[0][1][0][0]) for run in runs] == [4.0, 9.0, 4.0]
-  assert queues.runs([]) == []
+  assert native_queue.runs([]) == []
 
 
 def test_a_kept_value_holds_its_own_bytes_not_the_batchs(queued):
@@ -261,7 +262,7 @@ def test_a_run_of_queued_prints_writes_what_jax_jit_writes(
   for jit in (jax.jit, hostcall.jit):
     f = jit(step)
     # Every call gathered into one batch: the barrier ends the window.
-    monkeypatch.setattr(queue.consumer, "gather", 3600.0)
+    monkeypatch.setattr(tap_queue.consumer, "gather", 3600.0)
     for k, v in enumerate(_RUN_VALUES):
       f(jnp.float32(v), jnp.int32(k))
     jax.effects_barrier()

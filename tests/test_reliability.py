@@ -189,7 +189,7 @@ def _load(n_taps, capacity):
     f().block_until_ready()
     hostcall.barrier()
   finally:
-    from hostcall._runtime import queue as asynchronous
+    from hostcall._runtime import tap_queue as asynchronous
     hostcall.set_queue_capacity(asynchronous.DEFAULT_CAPACITY)
   return count[0], ordered[0], peak[0], hostcall.queue_stats()[
       "producer_waits"] - waits

@@ -15,7 +15,7 @@ import threading
 
 import pytest
 
-from hostcall._apps.control import native, states
+from hostcall._apps.control import stop_states_library, states
 from hostcall._apps.control.spec import FAILED, STOP_WHEN, TIME_LIMIT, Stop
 
 ROOT = pathlib.Path(__file__).parent.parent
@@ -27,7 +27,7 @@ HANDLE, GROUP = 9_000_001, 9_000_001
 
 @pytest.fixture
 def stop_states():
-  made = states.StopStates(native.load())
+  made = states.StopStates(stop_states_library.load())
   yield made
   for handle in range(HANDLE, HANDLE + 4):
     made.close(handle)
@@ -210,10 +210,10 @@ def test_a_stop_check_without_the_extension_is_a_clear_error():
 _PREDICATE = """
     import jax, jax.numpy as jnp, hostcall
     from hostcall._apps.control import controls
-    from hostcall._runtime import queue
+    from hostcall._runtime import tap_queue
     # A tick left gathering would hold every check that waits for the
     # predicate 60 s (PREDICATE_WAIT): past the caller's timeout.
-    queue.consumer.gather = 3600.0
+    tap_queue.consumer.gather = 3600.0
     seen = []
     def stop_when(status):
       seen.append(status.steps)

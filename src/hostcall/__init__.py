@@ -42,10 +42,10 @@ from hostcall._apps.scan import scan
 from hostcall._apps.nans import find_nans
 import atexit as _atexit
 
-from hostcall._runtime import queue as _queue
+from hostcall._runtime import tap_queue as _queue
 from hostcall._core.delivery import delivery, set_delivery
-from hostcall._runtime.queue import (queue_stats, set_gather_window,
-                                     set_queue_capacity)
+from hostcall._runtime.tap_queue import (queue_stats, set_gather_window,
+                                         set_queue_capacity)
 from hostcall._core import CallContext, call_context
 from hostcall._runtime import CallbackException, barrier
 from hostcall._runtime.libraries import HostcallNativeError

@@ -15,14 +15,14 @@ from __future__ import annotations
 import logging
 import sys
 
-from hostcall._runtime.barriers import settle
+from hostcall._runtime.barriers import wait_without_raising
 
 logger = logging.getLogger("hostcall")
 
 
 def _end_of_cell(*_) -> None:
   try:
-    settle()
+    wait_without_raising()
   except Exception:  # noqa: BLE001 - a hook must never break the notebook
     logger.exception("hostcall: waiting for the cell's host calls failed")
 

@@ -11,8 +11,8 @@ import sys
 import jax
 
 import hostcall
-from hostcall._runtime import queue
-from hostcall._runtime.deferred import deferred
+from hostcall._runtime import tap_queue
+from hostcall._runtime.outputs_replay import deferred
 from hostcall._core.context import why_waiting_is_forbidden
 from hostcall._jit import jitted as jit_module
 
@@ -30,8 +30,8 @@ class _Waiting:
     out = self._jitted(*args, **kwargs)
     deferred.drain()
     if why_waiting_is_forbidden() is None:  # not inside a host function
-      deferred.settle_queued()
-      queue.consumer.drain()
+      deferred.wait_for_queueing_programs()
+      tap_queue.consumer.drain()
     return out
 
   def __getattr__(self, name):

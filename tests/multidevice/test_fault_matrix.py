@@ -29,7 +29,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 import hostcall
 from hostcall import host_callback as hcb, metrics, progress
 from hostcall._apps.progress import bars as bars_module
-from hostcall._runtime.queues import ZERO_COPY_BYTES
+from hostcall._runtime.native_queue import ZERO_COPY_BYTES
 
 assert jax.device_count() == 4, "run with --xla_force_host_platform_device_count=4"
 

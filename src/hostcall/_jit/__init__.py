@@ -9,7 +9,7 @@ made outputs; ``threaded``: the queued route's primitives (a call ordered
 by a value threaded through the program instead of an effect);
 ``jax_callbacks``: JAX's own ``jax.debug.print``, ``jax.debug.callback``
 and result-less ``io_callback`` rewritten into hostcall's calls. The
-replay of the outputs route runs in ``hostcall._runtime.deferred``.
+replay of the outputs route runs in ``hostcall._runtime.outputs_replay``.
 """
 
 from hostcall._jit.jitted import jit

@@ -14,7 +14,7 @@ evaluated again with each such call rebound one of two ways:
 * as outputs (``evaluate``, elsewhere): each call's operands become extra
   outputs of the program, packed into one flat buffer of bytes, and a
   ``Plan`` (``plan.py``) says how the host replays the calls, in program
-  order, once those outputs are ready (``hostcall._runtime.deferred``).
+  order, once those outputs are ready (``hostcall._runtime.outputs_replay``).
 
 Either way the program carries no JAX effect. Where the calls may sit: the
 top level of the program, a ``jax.jit`` inside it (inlined, its arguments

@@ -23,7 +23,7 @@ effects, so that dispatch runs it on the fast path:
   queued calls' order value would be replicated, a collective
   ``jax.jit``'s program lacks), the calls' operands become extra outputs,
   and the ``hostcall-deferred`` thread replays the calls once those
-  outputs are ready (``hostcall._runtime.deferred``).
+  outputs are ready (``hostcall._runtime.outputs_replay``).
 
 A program with a host call that cannot be taken out is compiled as
 ``jax.jit`` compiles it, unchanged.
@@ -44,8 +44,9 @@ from hostcall import _jax_private
 from hostcall._core.checks import check_callable
 from hostcall._jit import deferring, jax_callbacks, marker
 from hostcall._jit import plan as replay_plan
-from hostcall._runtime import dispatch_stdout, emission, native, queue
-from hostcall._runtime.deferred import deferred
+from hostcall._runtime import (dispatch_stdout, emission, queue_library,
+                               tap_queue)
+from hostcall._runtime.outputs_replay import deferred
 from hostcall._runtime.markers import markers
 
 
@@ -97,8 +98,8 @@ def _has_the_native_queue() -> bool:
   extension is missing (the calls then become outputs, which need no
   native code)."""
   try:
-    native.ffi()
-  except native.libraries.HostcallNativeError:
+    queue_library.ffi()
+  except queue_library.libraries.HostcallNativeError:
     return False
   return True
 
@@ -183,7 +184,8 @@ class Jitted:
 
     def jitted(*args, **kwargs):
       if _dispatching_at_top_level() and _queues_from_the_device():
-        if not queue.consumer.started and not _starts(queue.consumer.start):
+        consumer = tap_queue.consumer
+        if not consumer.started and not _starts(consumer.start):
           return self._plain(*args, **kwargs)  # the interpreter exits
         if sys.stdout is not noted_stdout[0]:  # (its prints go there)
           dispatch_stdout.changed()

@@ -25,7 +25,7 @@ from jax.extend import core as jex_core
 from hostcall import _jax_private
 from hostcall._core import effects
 from hostcall._core.context import make_context
-from hostcall._runtime import call_sites, emission, queue
+from hostcall._runtime import call_sites, emission, tap_queue
 from hostcall._runtime.markers import MarkerTarget
 
 hostcall_marker_p = jex_core.Primitive("hostcall_marker")
@@ -51,12 +51,12 @@ def _abstract_eval(*, key):
 
 def _lowering(ctx, *, key):
   device, _ = emission.caller(ctx, 0)
-  queue.consumer.start()
+  tap_queue.consumer.start()
   site = call_sites.sites.add(MarkerTarget(key), make_context((), device),
                               ())
 
   def callback():
-    queue.consumer.push(site.site, [])
+    tap_queue.consumer.push(site.site, [])
     return ()
   # (JAX's executable owns the callback, the callback the site.)
   _jax_private.emit_python_callback(

@@ -10,11 +10,12 @@ delivery and the native extension.
 one run path and failure policy; ``errors``: failures rendered safely,
 postponed or carried into the runtime; ``barriers``: waiting for
 everything sent to the host; ``enqueue``: the emitter of queued taps;
-``queue``: the bounded queue and its consumer thread; ``call_sites``: the
-call sites and the decoding of what they queued; ``queues``: the native
-queue it reads; ``deferred``: the replay of
-``hostcall.jit``'s outputs; ``texts``: columns of numbers as text, in one
-native call; ``libraries``, ``native``: the native
+``tap_queue``: the bounded queue and its consumer thread;
+``call_sites``: the call sites and the decoding of what they queued;
+``native_queue``: the native queue it reads; ``outputs_replay``: the
+replay of ``hostcall.jit``'s outputs; ``markers``: a global view's place
+in the queue; ``texts``: columns of numbers as text, in one native call;
+``libraries``, ``queue_library``: the native
 extension (``hostcall_queue.cc`` and the others, built when the package is
 installed), loaded.
 """

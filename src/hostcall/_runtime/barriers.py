@@ -1,6 +1,7 @@
 """Waiting for everything sent to the host, and what applications do then.
 
-``settle()`` waits until every call started so far has run on the host
+``wait_without_raising()`` waits until every call started so far has run on
+the host
 (running computations, then the asynchronous queue, transitively) and runs
 the barrier hooks (applications flush rows, close orphaned bars);
 ``barrier()`` does the same and raises what taps raised since the last one.
@@ -16,7 +17,7 @@ import time
 from typing import Callable
 
 from hostcall import _jax_private
-from hostcall._runtime import calls, dispatch_stdout, errors, queue
+from hostcall._runtime import calls, dispatch_stdout, errors, tap_queue
 from hostcall._runtime.calls import run_hooks
 from hostcall._core.context import why_waiting_is_forbidden
 
@@ -38,7 +39,7 @@ def barrier_started() -> float | None:
   return getattr(_local, "started", None)
 
 
-def settle() -> None:
+def wait_without_raising() -> None:
   """Waits until every callback started so far has run on the host and runs
   the barrier hooks (rows flushed, orphaned bars closed); raises nothing."""
   _local.started = time.monotonic()
@@ -57,14 +58,14 @@ def _after_jax_effects_barrier() -> None:
   except where it would wait for itself (called from a host function).
   With nothing on its way to the host it returns at once: JAX's own
   barrier costs a few microseconds, and code calls it in loops."""
-  if why_waiting_is_forbidden() is None and queue.anything_to_wait_for():
+  if why_waiting_is_forbidden() is None and tap_queue.anything_to_wait_for():
     _deliver_everything()
 
 
 def _deliver_everything() -> None:
   """Waits for every call started so far to have run on the host; the
   next dispatch then notes ``sys.stdout`` afresh."""
-  queue.wait()
+  tap_queue.wait()
   dispatch_stdout.forget()
 
 
@@ -107,7 +108,7 @@ def barrier(logging_name: str | None = None) -> None:
     # can be had is what an exit would lose: the taps already queued.
     logger.debug("barrier %s: in a signal handler inside a host function: "
                  "delivering what is queued", logging_name or "")
-    queue.consumer.drain()
+    tap_queue.consumer.drain()
     return
   if inside is not None:
     raise RuntimeError(
@@ -116,7 +117,7 @@ def barrier(logging_name: str | None = None) -> None:
         "thread) that is running it. Call it from the code that runs the JAX "
         "program, after the call returns.")
   logger.debug("barrier %s: waiting", logging_name or "")
-  settle()
+  wait_without_raising()
   logger.debug("barrier %s: done", logging_name or "")
   errors.raise_postponed()
 

@@ -17,7 +17,7 @@ import jax
 import ml_dtypes
 import numpy as np
 
-from hostcall._runtime import errors, queues
+from hostcall._runtime import errors, native_queue
 from hostcall._core.targets import HostTarget
 
 
@@ -140,7 +140,7 @@ class _Sites:
 
   def take_retired(self) -> list[int]:
     """The sites retired so far, taken by a barrier before it waits for
-    the computations dispatched so far (see ``settled``)."""
+    the computations dispatched so far (see ``release_once_delivered``)."""
     seen = []
     while self._retired:
       seen.append(self._retired.popleft())
@@ -150,7 +150,7 @@ class _Sites:
     """Returns ``take_retired``'s sites, not settled, for the next."""
     self._retired.extendleft(reversed(seen))
 
-  def settled(self, seen: list[int], pushed: int) -> None:
+  def release_once_delivered(self, seen: list[int], pushed: int) -> None:
     """``seen`` (``take_retired``'s) once every computation dispatched
     before they were taken has run: ``pushed``, the taps queued by then,
     counts all of theirs. Each is forgotten once as many are delivered."""
@@ -186,7 +186,7 @@ class _Sites:
 sites = _Sites()
 
 
-_INDICES = [(i, Ellipsis) for i in range(queues.NativeQueue.BATCH)]
+_INDICES = [(i, Ellipsis) for i in range(native_queue.NativeQueue.BATCH)]
 
 
 def indices(n: int) -> list:
@@ -202,7 +202,7 @@ def read_columns(target, layouts, items) -> list:
   every operand is whole bytes."""
   whole_bytes = layouts is not None and all(
       layout.bits % 8 == 0 and layout.count for layout in layouts)
-  if isinstance(items, queues.Packed):
+  if isinstance(items, native_queue.Packed):
     if not whole_bytes:
       return read_columns(target, layouts, items.items())
     rows = items.rows()
@@ -245,7 +245,7 @@ def read_columns(target, layouts, items) -> list:
 
 
 def check_readable(target, raw) -> None:
-  if isinstance(raw, queues.Unreadable):
+  if isinstance(raw, native_queue.Unreadable):
     raise RuntimeError(
         f"a queued call of {target!r} ({raw.size} bytes) could not be read "
         f"into Python ({type(raw.exc).__name__}: "

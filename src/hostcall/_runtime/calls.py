@@ -46,22 +46,22 @@ def add_abort_hook(hook: Callable[[], None]) -> None:
   _abort_hooks.append(hook)
 
 
-_trip_hooks: list[Callable[[], None]] = []
+_round_hooks: list[Callable[[], None]] = []
 
 
-def add_trip_hook(hook: Callable[[], None]) -> None:
+def add_round_hook(hook: Callable[[], None]) -> None:
   """Runs ``hook()`` each time a delivery thread (the queue's consumer,
   ``hostcall.jit``'s deferred thread) has delivered what it took in one
   trip: no more calls come before its next trip (a gather window away), so
   that what they handed on (a metrics writer's blocks) may go now."""
-  _trip_hooks.append(hook)
+  _round_hooks.append(hook)
 
 
-def trip_ended() -> None:
-  """Runs the trip hooks (see ``add_trip_hook``); raises nothing: the
+def round_ended() -> None:
+  """Runs the trip hooks (see ``add_round_hook``); raises nothing: the
   delivery threads never die."""
   try:
-    run_hooks(_trip_hooks)
+    run_hooks(_round_hooks)
   except BaseException:  # noqa: BLE001 - (run_hooks logs an Exception)
     logger.exception("hostcall: a delivery trip's hook failed")
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import sys
 
-from hostcall._runtime import queue
-from hostcall._runtime.deferred import deferred
+from hostcall._runtime import tap_queue
+from hostcall._runtime.outputs_replay import deferred
 from hostcall._core.context import why_waiting_is_forbidden
 
 #: ``sys.stdout`` at the last dispatch (a list: read without a global
@@ -37,7 +37,7 @@ def changed() -> None:
   """``sys.stdout`` is not what the last dispatch noted: the calls
   dispatched before are delivered to theirs, then it is noted."""
   if NOTED[0] is not None and why_waiting_is_forbidden() is None:
-    queue.wait()
+    tap_queue.wait()
   NOTED[0] = sys.stdout
 
 
@@ -46,7 +46,7 @@ def stream():
   delivery thread, ``sys.stdout`` as its program's dispatch noted it;
   elsewhere (a call the program waits for) ``sys.stdout``."""
   noted_stream = NOTED[0]
-  if noted_stream is not None and (queue.consumer.is_consumer
+  if noted_stream is not None and (tap_queue.consumer.is_consumer
                                    or deferred.is_deliverer):
     if not getattr(noted_stream, "closed", False):
       return noted_stream

@@ -1,4 +1,4 @@
-"""The emitter of queued taps: the device copies operands into the queue.
+"""The emitter of queued taps: the device copies operands into the tap_queue.
 
 Where ``hostcall._runtime.emission`` routes ``"enqueue"`` to the native library
 (CPU, the library loaded, not a global view), an XLA FFI custom call copies
@@ -15,7 +15,7 @@ import jax
 import numpy as np
 
 from hostcall import _jax_private
-from hostcall._runtime import call_sites, emission, queue
+from hostcall._runtime import call_sites, emission, tap_queue
 from hostcall._core.context import CallContext, make_context
 from hostcall._core.targets import HostTarget
 
@@ -23,7 +23,7 @@ from hostcall._core.targets import HostTarget
 def emit(ctx, target: HostTarget, contexts, token, operands, operand_avals,
          op_sharding):
   """Emits the queueing of ``operands``; returns the new token (or None)."""
-  consumer = queue.consumer
+  consumer = tap_queue.consumer
   consumer.start()  # loads (or builds) the native library on first use
   layouts = call_sites.layouts_of(operand_avals)
   # A run of consecutive calls of a site whose target joins calls (a bar's
@@ -61,7 +61,7 @@ def emit_threaded(ctx, target: HostTarget, transforms, device_index: int,
   packed into the one operand of bytes, if they were. The native handler
   where the emission table routes ``"enqueue"`` to it, else a runtime
   Python callback that pushes copies (and returns zero)."""
-  consumer = queue.consumer
+  consumer = tap_queue.consumer
   consumer.start()
   order_aval, *operand_avals = ctx.avals_in
   axis_context = ctx.module_context.axis_context
@@ -118,7 +118,7 @@ def push_callback(site: call_sites.SiteRef):
   """A runtime callback that queues copies of its operands for ``site``
   (JAX's executable owns the callback, so the callback owns the site)."""
   def callback(*flat):
-    queue.consumer.push(site.site, list(flat))
+    tap_queue.consumer.push(site.site, list(flat))
     return ()
   return callback
 

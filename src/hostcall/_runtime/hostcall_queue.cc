@@ -50,10 +50,10 @@ struct Queue {
   int64_t blocked = 0;  // times a producer waited for room
   bool consumer_waiting = false;
   // The consumer lets items gather before it takes them (see hostcall_pop):
-  // a producer wakes it early only when it must not wait (Urgent).
+  // a producer wakes it early only when it must not wait (MustDeliverNow).
   bool consumer_gathering = false;
   int64_t gather_items = 0;  // what one pop takes at most
-  int64_t hurry = 0;         // threads waiting for delivery (barriers)
+  int64_t waiters = 0;         // threads waiting for delivery (barriers)
   // The items queued now are to be taken at once (hostcall_flush_soon),
   // those queued after them gather as usual.
   bool flush = false;
@@ -134,11 +134,11 @@ void Release(Queue& q, Item* item) {
 }
 
 // Called with q.mu held: whether a gathering consumer must take the items
-// now: someone waits for their delivery (hostcall_hurry: a barrier, a
+// now: someone waits for their delivery (hostcall_add_waiters: a barrier, a
 // steered loop whose checks wait for its predicate; or a producer that
 // needs room), or they fill a batch or a quarter of the queue.
-bool Urgent(const Queue& q) {
-  return q.hurry > 0 || q.flush || q.producers_waiting > 0 ||
+bool MustDeliverNow(const Queue& q) {
+  return q.waiters > 0 || q.flush || q.producers_waiting > 0 ||
          static_cast<int64_t>(q.items.size()) >= q.gather_items ||
          q.bytes >= q.capacity / 4;
 }
@@ -167,7 +167,8 @@ void Insert(Item* item) {
     // busy one finds the item anyway, and every wake-up costs the device
     // thread (a system call, and on a small machine the consumer's run
     // slows the device's core: measured, docs/performance.md).
-    if (!q.consumer_waiting && !(q.consumer_gathering && Urgent(q))) return;
+    if (!q.consumer_waiting && !(q.consumer_gathering && MustDeliverNow(q)))
+      return;
   }
   q.not_empty.notify_one();
 }
@@ -276,9 +277,9 @@ void hostcall_become_consumer() {
 }
 
 // Waits up to timeout_ms for items, then up to gather_us more for others
-// to join them (unless they are urgent, see Urgent); moves up to max_items
-// of them into out (each given back with hostcall_uncount_many, then freed
-// with hostcall_free) and returns how many.
+// to join them (unless they must be delivered now, see MustDeliverNow);
+// moves up to max_items of them into out (each given back with
+// hostcall_uncount_many, then freed with hostcall_free) and returns how many.
 int64_t hostcall_pop(int64_t timeout_ms, int64_t max_items, int64_t gather_us,
                      void** out) {
   Queue& q = queue();
@@ -290,10 +291,10 @@ int64_t hostcall_pop(int64_t timeout_ms, int64_t max_items, int64_t gather_us,
     q.consumer_waiting = false;
   }
   q.gather_items = max_items;
-  if (!q.items.empty() && gather_us > 0 && !Urgent(q)) {
+  if (!q.items.empty() && gather_us > 0 && !MustDeliverNow(q)) {
     q.consumer_gathering = true;
     q.not_empty.wait_for(lock, std::chrono::microseconds(gather_us),
-                         [&] { return Urgent(q); });
+                         [&] { return MustDeliverNow(q); });
     q.consumer_gathering = false;
   }
   int64_t n = 0;
@@ -375,18 +376,18 @@ void hostcall_free(void* handle) { Release(queue(), static_cast<Item*>(handle));
 // delivered (a barrier; a steered loop with a host predicate holds one
 // while it is open, its checks waiting for the predicate to see each tick):
 // while any waits, the consumer takes items without gathering.
-void hostcall_hurry(int64_t delta) {
+void hostcall_add_waiters(int64_t delta) {
   Queue& q = queue();
   {
     std::lock_guard<std::mutex> lock(q.mu);
-    q.hurry += delta;
+    q.waiters += delta;
   }
   if (delta > 0) q.not_empty.notify_one();
 }
 
 // The items queued now are taken without waiting for more to gather (a
 // barrier about to wait for them: the consumer wakes while the barrier
-// settles running computations), and nothing after them is hurried.
+// waits for running computations), and nothing after them is rushed.
 void hostcall_flush_soon() {
   Queue& q = queue();
   {

@@ -3,9 +3,9 @@ built when the package is installed and loaded from it (``Library``).
 
 The extension (``CMakeLists.txt``, built by scikit-build-core with CMake
 at ``pip install``) holds the C++ of two components that do not call each
-other: the asynchronous queue (``_runtime/native.py``:
+other: the asynchronous queue (``_runtime/queue_library.py``:
 ``hostcall_queue.cc``, with the metrics writers' ``hostcall_texts.cc``)
-and the steered loops' stop check (``_apps/control/native.py``:
+and the steered loops' stop check (``_apps/control/stop_states_library.py``:
 ``hostcall_control.cc``). Each component has its ``Library``: the C
 functions it calls through ctypes and the XLA FFI handlers it registers,
 all looked up in the one extension file, which the import system finds
@@ -91,8 +91,8 @@ class Library:
     what: what it is, for messages ("tap queue").
 
   Example:
-    >>> from hostcall._runtime import native
-    >>> native.LIBRARY.name
+    >>> from hostcall._runtime import queue_library
+    >>> queue_library.LIBRARY.name
     'hostcall_queue'
   """
 
@@ -126,8 +126,8 @@ class Library:
     # consumer makes some per item), which must not queue behind a busy
     # Python thread for the GIL (5 ms a switch). Only the calls that may
     # wait go through ``lib``, which releases the GIL.
-    lib.held = ctypes.PyDLL(str(path))
-    self._declare(lib.held)
+    lib.gil_held = ctypes.PyDLL(str(path))
+    self._declare(lib.gil_held)
     return lib
 
   def load(self):

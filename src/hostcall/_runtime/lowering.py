@@ -29,7 +29,7 @@ from hostcall._core.context import AFTER, make_context
 from hostcall._core.effects import ORDERED, effect_of
 from hostcall._core.primitive import hostcall_p
 from hostcall._runtime import (call_sites, calls, emission, enqueue,
-                               partitioned, queue)
+                               partitioned, tap_queue)
 
 
 def lower(ctx, *args, target, transforms, kind, result_avals, ordering,
@@ -142,7 +142,7 @@ def emit_partitioned(ctx, args, target, transforms, ordering, delivery):
       partitioned.unpack, global_avals=list(ctx.avals_in),
       devices=tuple(axis_context.device_assignment), transforms=transforms)
   if delivery == "async":
-    queue.consumer.start()
+    tap_queue.consumer.start()
     callback = enqueue.push_callback(
         call_sites.sites.add(target, unpack))
   else:

@@ -143,7 +143,7 @@ class Markers:
   # A barrier, once the programs dispatched before it have run and the
   # queue is delivered.
 
-  def settle(self) -> None:
+  def replay_unclaimed(self) -> None:
     """Replays the outputs no marker claimed, of programs that have run,
     in the order they were handed in, and drops failed ones."""
     with self._lock:

@@ -13,7 +13,7 @@ import threading
 
 import numpy as np
 
-from hostcall._runtime import native
+from hostcall._runtime import queue_library
 
 #: The formatter's column kinds, by dtype.
 _KINDS = {np.dtype(np.int64): 0, np.dtype(np.float32): 1,
@@ -50,7 +50,7 @@ class _Prepared:
 
   def buffer(self, rows: int) -> np.ndarray:
     """A buffer that ``rows`` rows fit in."""
-    return _output(self.lib.held.hostcall_rows_capacity(rows, self.k,
+    return _output(self.lib.gil_held.hostcall_rows_capacity(rows, self.k,
                                                         self.sizes))
 
 
@@ -59,7 +59,7 @@ def _prepare(pieces: list[str], columns: list[np.ndarray]):
   formatted natively (see ``rows``)."""
   if not columns:
     return None
-  lib = native.load()
+  lib = queue_library.load()
   arrays = [_native_column(c) for c in columns]
   if any(a is None for a in arrays) or len({len(a) for a in arrays}) != 1:
     return None

@@ -39,9 +39,9 @@ def run(args) -> int:
 
   import hostcall
   from hostcall._apps.metrics import registry
-  from hostcall._apps.control import native as control_native
+  from hostcall._apps.control import stop_states_library as control_native
   from hostcall._core import delivery
-  from hostcall._runtime import libraries, native, queue
+  from hostcall._runtime import libraries, queue_library, tap_queue
 
   print(f"hostcall {hostcall.__version__}")
   print(f"jax {jax.__version__}, jaxlib {jaxlib.__version__}, "
@@ -51,14 +51,14 @@ def run(args) -> int:
   print(f"processes: {jax.process_count()} (this one: {jax.process_index()})")
   print("sync taps: jax.interpreters.mlir.emit_python_callback "
         "(ordered by JAX effect tokens)")
-  print(f"async taps: {native.status()}")
+  print(f"async taps: {queue_library.status()}")
   print(f"steered loops' checks: {control_native.LIBRARY.status()}")
   extension = libraries.extension_path()
   print("native extension: " + (
       f"{extension} (built when hostcall was installed)" if extension
       else f"not installed ({libraries.missing()})"))
   # (Read without starting the queue, which needs the extension.)
-  print(f"queue capacity: {queue.consumer.capacity} bytes")
+  print(f"queue capacity: {tap_queue.consumer.capacity} bytes")
   print(f"default delivery: {delivery.current()}")
   widgets = _version("ipywidgets")
   print("notebook widgets: " + (

@@ -1,6 +1,7 @@
 """The device side of a steered loop: the stop check, a primitive of its
 own (``control_check_p``) with its rules, answered by the stop check's
-native library (``hostcall_control_check``, ``native.py``) or, where
+native library (``hostcall_control_check``,
+``stop_states_library.py``) or, where
 ``emission`` routes it to Python, by ``controls.poll``: both read the same
 ``StopStates`` (``states.py``)."""
 
@@ -13,7 +14,7 @@ from jax.extend import core as jex_core
 
 from hostcall import _jax_private
 from hostcall._apps.control.host import controls
-from hostcall._apps.loops.witness import witness
+from hostcall._apps.loops.waiting_operand import waiting_operand
 from hostcall._runtime import emission
 
 
@@ -35,7 +36,7 @@ def check(handle, index, after=None) -> jax.Array:
   # as early as its operands allow.
   reason = control_check_p.bind(jnp.asarray(handle, _INT).reshape(()),
                                 jnp.asarray(index, _INT).reshape(()),
-                                witness(after))
+                                waiting_operand(after))
   names = _jax_private.collective_axis_names()
   if names and jax.process_count() > 1:
     # Inside shard_map or pmap each device asks its own process's host;

@@ -15,7 +15,7 @@ from hostcall._apps.loops import invocations as _loops
 from hostcall._apps.control import states as _states
 from hostcall._apps.control.interrupts import Reaper, frame_waiting_for_the_loop
 from hostcall._apps.control.spec import FAILED, STOP_WHEN, LoopStatus, Stop
-from hostcall._runtime import calls, errors, queue
+from hostcall._runtime import calls, errors, tap_queue
 from hostcall._runtime.barriers import add_barrier_hook, barrier_started
 
 
@@ -109,7 +109,7 @@ class _Controls(calls.Containment, _loops.Listener):
     if stop.stop_when is not None:
       # Its checks wait for the predicate to see each tick: the consumer
       # delivers ticks as they come (no gathering) while it is open.
-      queue.consumer.start().hurry(1)
+      tap_queue.consumer.start().add_waiters(1)
     states = self.states
     with self._lock:
       group = self._groups.get(group_key)
@@ -155,7 +155,7 @@ class _Controls(calls.Containment, _loops.Listener):
       self._update_failing()
       group = self._group_of.get(handle)
     if found[1].stop_when is not None:
-      queue.consumer.start().hurry(-1)
+      tap_queue.consumer.start().add_waiters(-1)
     if group is not None and group.key[0] is _ORPHAN:
       self.release(group.key)
 

@@ -1,9 +1,9 @@
 // hostcall's steered loops (hostcall.control): the check a compiled loop
 // makes between chunks of steps, "stop now?", answered from host state in
 // about a microsecond, without Python and without making the device wait
-// for the host. A library of its own (native.py), which calls nothing of
-// the asynchronous queue's; states.py is its Python interface (no Python
-// twin: a platform without this FFI handler polls the same states through
+// for the host. A library of its own (stop_states_library.py), which calls
+// nothing of the asynchronous queue's; states.py is its Python interface
+// (no Python twin: a platform without this FFI handler polls the same states through
 // a Python callback).
 //
 // The host sets that state: a time limit (checked here against the clock),
@@ -164,7 +164,7 @@ int32_t Poll(int64_t handle, int64_t check) {
   const int64_t group = found->second;
   if (s.groups[group].predicate && s.groups[group].stop_at < 0) {
     // (The tick this check waits for is not left gathering in the
-    // asynchronous queue: the loop's open holds a hurry on it,
+    // asynchronous queue: the loop's open adds a waiter on it,
     // host.py.)
     s.evaluated_cv.wait_for(lock, kPredicateWait, [&] {
       auto g = s.groups.find(group);

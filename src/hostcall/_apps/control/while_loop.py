@@ -1,6 +1,6 @@
 """``hostcall.control.while_loop``: a steered loop that no bar draws (a
 chunked loop, ``loops/chunked.py``, whose site's spec is
-``invocations.Undrawn``)."""
+``invocations.NoBarSpec``)."""
 
 from __future__ import annotations
 
@@ -52,9 +52,9 @@ def while_loop(cond_fun: Callable, body_fun: Callable, init_val, *,
   if every is not None:
     _chunks.check_every(every, ", or None for the default")
   stop = Stop.of(interruptible, time_limit, stop_when)
-  # No bar: its site's spec is Undrawn, which no drawing listener draws;
+  # No bar: its site's spec is NoBarSpec, which no drawing listener draws;
   # it ticks only for its predicate.
-  site = _loops.invocations.site(_loops.Undrawn(_chunked.depth(),
+  site = _loops.invocations.site(_loops.NoBarSpec(_chunked.depth(),
                                                 stop.interruptible))
   return _chunked.while_loop(site, stop, stop.stop_when is not None,
                              cond_fun, body_fun, init_val, -1, every)

@@ -22,7 +22,7 @@ import numpy as np
 
 from hostcall import _jax_private
 from hostcall._apps.loops import invocations as _loops, steerer as _steerer
-from hostcall._apps.loops.witness import data_leaves, witness
+from hostcall._apps.loops.waiting_operand import data_leaves, waiting_operand
 from hostcall._core import CallTarget, PostponingTarget, bind, target
 from hostcall._core.context import delivering_asynchronously
 
@@ -127,7 +127,7 @@ class _Open(_BarQuestion):
 @target
 class _Close(_BarTap):
   """Closes an invocation's bar when its loop ends:
-  ``(handle, count, witness, *values[, reason])``; ``postfix`` as for a
+  ``(handle, count, waiting operand, *values[, reason])``; ``postfix`` as for a
   tick (the values of the last step: XLA may run the close before the
   loop's last tick, where nothing the loop computes keeps it after)."""
 
@@ -151,7 +151,7 @@ class _Close(_BarTap):
 
 @target
 class _Tick(_BarTap):
-  """The step count after a chunk: ``(handle, count, witness, *values[,
+  """The step count after a chunk: ``(handle, count, waiting operand, *values[,
   running])``; ``postfix``: the layout of the values the loop's body set
   (``tick_values.layout_of``), one operand each that is not a text."""
 
@@ -217,7 +217,8 @@ class _Tick(_BarTap):
 
 def _split(postfix: tuple, operands: list) -> tuple:
   """A tick's values (``((key, text or array), ...)``, None where its body
-  set none) and its other operands, from the operands after its witness."""
+  set none) and its other operands, from the operands after its waiting
+  operand."""
   if not postfix:
     return None, operands
   arrays = iter(operands)
@@ -354,7 +355,7 @@ def open_bar(site, total, stop=None) -> tuple[jax.Array, jax.Array]:
 def _witness(tree) -> jax.Array:
   """One number read from every leaf of ``tree`` (or an empty array when it
   holds no data), batched wherever ``tree`` is."""
-  value = witness(tree)
+  value = waiting_operand(tree)
   return value if value.size else lanes_probe(tree).astype(jnp.float32)
 
 

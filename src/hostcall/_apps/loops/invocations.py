@@ -15,7 +15,7 @@ bar and a stop decision.
 which register with ``listen``: a progress bar (``progress.bars.Bars``: tqdm's
 drawing) and a steered loop's host side (``control.controls``). A loop that no
 bar draws (``hostcall.control.while_loop``) has a site whose spec is
-``Undrawn``, which no drawing listener draws.
+``NoBarSpec``, which no drawing listener draws.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from hostcall._runtime import queue as _queue
+from hostcall._runtime import tap_queue as _queue
 from hostcall._runtime.barriers import add_barrier_hook, barrier_started
 from hostcall._runtime.calls import add_abort_hook
 
@@ -45,7 +45,7 @@ QUEUED = "queued"
 
 
 @dataclasses.dataclass(frozen=True)
-class Undrawn:
+class NoBarSpec:
   """The spec of a loop's site where no bar draws it
   (``hostcall.control.while_loop``): its nesting depth and whether Ctrl-C
   stops it tell its sites apart, as a bar's spec does. (The k-th
@@ -65,7 +65,7 @@ class Invocation:
   Attributes:
     handle: the number the loop's events carry.
     site: the loop's site; ``spec`` its spec (a ``progress.bars.BarSpec``, or
-      ``Undrawn`` for a loop no bar draws).
+      ``NoBarSpec`` for a loop no bar draws).
     device: the device that runs it.
     group: ``(site, k)``: the invocation, shared by every device running it.
     total: its number of steps, or None where unknown.
@@ -165,7 +165,7 @@ class _Group:
     return not self.open and self.ended >= self.expected
 
 
-class EachAlone:
+class RaiseAfterAll:
   """``with each:`` around each of several steps: one that raises does not
   stop the others (a bar that fails to close must not leave the others
   open); ``raise_first()`` once all have run."""
@@ -224,7 +224,7 @@ class Invocations:
   def _tell(self, event: str, *args) -> None:
     """Calls each listener's ``event``; one that raises does not keep the
     others from it (the first failure is raised after)."""
-    each = EachAlone()
+    each = RaiseAfterAll()
     for listener in list(self._listeners):
       with each:
         getattr(listener, event)(*args)
@@ -232,7 +232,7 @@ class Invocations:
 
   def site(self, spec) -> int:
     """The site number of a loop; equal specs share one (and a
-    compilation). ``spec``: its bar's ``BarSpec``, or ``Undrawn``."""
+    compilation). ``spec``: its bar's ``BarSpec``, or ``NoBarSpec``."""
     with self._lock:
       if spec not in self._specs:
         self._specs[spec] = len(self._by_site)
@@ -291,7 +291,7 @@ class Invocations:
            running: int | None = None, values: tuple | None = None) -> None:
     """The loop has run ``count`` steps on ``device`` (``values``: as
     ``Listener.on_tick`` takes them)."""
-    each = EachAlone()
+    each = RaiseAfterAll()
     try:
       with self._lock:
         invocation = self._open.get(handle)
@@ -391,7 +391,7 @@ class Invocations:
     """Ends the open invocations (those opened by ``thread``, or before
     ``opened_before``, and every ``track`` counter): their loops ended
     without closing them."""
-    each = EachAlone()
+    each = RaiseAfterAll()
     with self._lock:
       counters = set(self._steps.values())
       for handle, invocation in list(self._open.items()):
@@ -443,7 +443,7 @@ class Invocations:
     if invocation is None:
       return
     self._paces.pop(handle, None)
-    each = EachAlone()
+    each = RaiseAfterAll()
     with each:
       self._tell("on_end", invocation, count, lanes, stopped, force)
     group = self._running.get(invocation.group)

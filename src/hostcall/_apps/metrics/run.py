@@ -26,7 +26,7 @@ from hostcall._apps.metrics.log_target import LogTarget
 from hostcall._apps.metrics.memory import MemoryWriter
 from hostcall._apps.metrics.sink import RunSink
 from hostcall._apps.metrics.writer import Writer
-from hostcall._runtime import queue as _queue
+from hostcall._runtime import tap_queue as _queue
 from hostcall._core import bind
 from hostcall._core.context import why_waiting_is_forbidden
 from hostcall._core.checks import is_array_like

@@ -34,7 +34,7 @@ from hostcall._apps.metrics import (config as _config, files as _files,
                                     writer_thread)
 from hostcall._apps.metrics.block import Block
 from hostcall._apps.metrics.users import Users
-from hostcall._runtime import errors, queue as _queue
+from hostcall._runtime import errors, tap_queue as _queue
 from hostcall._runtime.barriers import add_barrier_hook
 from hostcall._core.context import why_waiting_is_forbidden
 
@@ -386,7 +386,7 @@ class RunSink:
     writers (their failures postponed to the next barrier)."""
     with self.lock:
       target = self._put_count
-    with writer_thread.shared.hurried():
+    with writer_thread.shared.waited_for():
       self.tally.wait_for(target)
     if self._writers_closed:  # read after close: nothing left to flush
       return

@@ -94,7 +94,7 @@ class WriterThread:
   #: How long blocks wait for others to join them before a write, at most:
   #: no longer once a write's worth waits (``GATHER_BYTES``, or
   #: ``MERGE_BLOCKS`` blocks), nor while someone waits for them to be
-  #: written (``hurried``). Large blocks (a ``hostcall.jit`` loop's trip)
+  #: written (``waited_for``). Large blocks (a ``hostcall.jit`` loop's trip)
   #: go at once, and are written while the loop goes on; small ones (a
   #: progress bar's chunk of rows) gather, because each write wakes the
   #: writer and takes the GIL from the loop (what that saves is measured in
@@ -112,8 +112,8 @@ class WriterThread:
     # would cost the hand-off the gathering saves).
     self._gathered = threading.Condition(self._lock)
     self._gathering = False
-    self._hurried = 0
-    self._trip_ended = False
+    self._waiters = 0
+    self._round_ended = False
     self._waiting_for_room = 0
 
   @property
@@ -154,21 +154,21 @@ class WriterThread:
         self._gathered.notify()
 
   @contextlib.contextmanager
-  def hurried(self):
+  def waited_for(self):
     """While in it, the writer does not let blocks gather: whoever waits
     for rows to be written (a flush, a barrier, a close) never waits out
     ``GATHER_SECONDS``."""
     with self._lock:
-      self._hurried += 1
+      self._waiters += 1
       self._gathered.notify()
     try:
       yield
     finally:
       with self._lock:
-        self._hurried -= 1
+        self._waiters -= 1
 
-  def trip_ended(self) -> None:
-    """A delivery thread ended a trip (``calls.add_trip_hook``): the blocks
+  def round_ended(self) -> None:
+    """A delivery thread ended a trip (``calls.add_round_hook``): the blocks
     it handed over are all here, and no others come before its next trip,
     a gather window away; gathering on would only delay them (a
     ``hostcall.jit`` loop's rows are written while the device still runs
@@ -178,12 +178,12 @@ class WriterThread:
       return  # (read unlocked: what a put adds later meets the next trip)
     with self._lock:
       if self._pending_blocks:  # (the writer may not be gathering yet)
-        self._trip_ended = True
+        self._round_ended = True
         self._gathered.notify()
 
   def _gathered_enough(self) -> bool:
     """Whether the writer should write now (with ``_lock`` held)."""
-    return bool(self._hurried or self._trip_ended or self._waiting_for_room
+    return bool(self._waiters or self._round_ended or self._waiting_for_room
                 or self._pending_blocks >= self.MERGE_BLOCKS
                 or self._pending_bytes >= self.GATHER_BYTES)
 
@@ -194,7 +194,7 @@ class WriterThread:
       try:
         self._gathered.wait_for(self._gathered_enough, self.GATHER_SECONDS)
       finally:
-        self._gathering = self._trip_ended = False
+        self._gathering = self._round_ended = False
 
   #: Blocks the writer joins into one write at most (formatting a row
   #: costs about half as much in a write of thousands as in one of 20).
@@ -262,4 +262,4 @@ class WriterThread:
 
 #: The writer thread of every run of the process (started on first use).
 shared = WriterThread()
-calls.add_trip_hook(shared.trip_ended)
+calls.add_round_hook(shared.round_ended)

@@ -252,7 +252,7 @@ class Bars(_loops.Listener):
     # A bar still waiting for a device that never opened it (its
     # computation failed first) once every other device has ended.
     waiting = {id(bar) for bar in self._drawn.values()}
-    each = _loops.EachAlone()
+    each = _loops.RaiseAfterAll()
     for bar in list(self._bars.values()):
       if (bar.is_open and bar.opened < opened_before
           and id(bar) not in waiting):

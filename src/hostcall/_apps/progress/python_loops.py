@@ -25,7 +25,7 @@ import numpy as np
 
 from hostcall import _jax_private
 from hostcall._apps.progress import tqdm_guard
-from hostcall._runtime.barriers import settle
+from hostcall._runtime.barriers import wait_without_raising
 from hostcall._core.context import why_waiting_is_forbidden
 
 logger = logging.getLogger("hostcall")
@@ -274,19 +274,19 @@ class tqdm:  # noqa: N801 - tqdm's name, as tqdm's users write it
     screen, for the values it shows."""
     if not getattr(self, "disable", True):
       try:
-        self._settle()
+        self._wait_without_raising()
       finally:
         tqdm_guard.loop_rows.closed(self)
     super().close()
 
-  def _settle(self) -> None:
+  def _wait_without_raising(self) -> None:
     # Only the thread that made the bar waits, and not a host function
     # (its computation could not end before it) or the interpreter's exit.
     if (threading.get_ident() != getattr(self, "_hostcall_thread", None)
         or why_waiting_is_forbidden() is not None or sys.is_finalizing()):
       return
     try:
-      settle()
+      wait_without_raising()
     except Exception:  # noqa: BLE001 - a bar's close must not fail the loop
       logger.exception("hostcall: waiting for the loop's host calls failed")
     pos = abs(getattr(self, "pos", 0))

@@ -1,5 +1,6 @@
 """An operand that waits for a tree of values: one number read from every
-leaf (``witness``), which a loop's tick, close and stop check take so that
+leaf (``waiting_operand``), which a loop's tick, close and stop check take
+so that
 XLA runs them after the chunk that made the values."""
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ def data_leaves(tree) -> list:
   return leaves
 
 
-def witness(tree) -> jax.Array:
+def waiting_operand(tree) -> jax.Array:
   """One float32 read from every leaf of ``tree`` (shape (1,), or (0,)
   where it holds no data): an operand that waits for all of ``tree``."""
   total = jnp.zeros((0,), jnp.float32)

@@ -17,7 +17,8 @@ that calls a program, never waits.
 
 Programs that queue their calls from the device instead (``hostcall.jit``
 on CPU devices) have nothing here but ``keep_queueing`` and
-``settle_queued``: they carry no effect JAX would wait for, so a barrier
+``wait_for_queueing_programs``: they carry no effect JAX would wait for, so a
+barrier
 first waits for them to have run. On one device it waits for a program
 dispatched after them (the device runs its programs in the order they
 were dispatched); on several, where the CPU runtime does not keep that
@@ -55,7 +56,7 @@ class Deferred:
     self._submitted = 0
     self._delivered = 0
     self._thread: threading.Thread | None = None
-    self._hurry = 0  # callers waiting: deliver without gathering
+    self._waiters = 0  # callers waiting: deliver without gathering
     self.capacity = 64 << 20
     #: Seconds the thread gathers programs before fetching their values.
     self.gather = 0.002
@@ -71,7 +72,7 @@ class Deferred:
     parent was to deliver."""
     self._cond = threading.Condition()
     self._pending = collections.deque()
-    self._bytes = self._submitted = self._delivered = self._hurry = 0
+    self._bytes = self._submitted = self._delivered = self._waiters = 0
     self._thread = None
     self._queueing, self._queueing_lock = [], threading.Lock()
 
@@ -96,7 +97,7 @@ class Deferred:
         # (A device far behind: what must wait grows, the checks do not.)
         self._bound = max(64, 2 * len(kept))
 
-  def settle_queued(self) -> None:
+  def wait_for_queueing_programs(self) -> None:
     """Waits until the programs that queue their calls from the device,
     dispatched so far, have run (so that the queue holds their calls):
     they have no effect JAX would wait for. On several devices, for the
@@ -138,13 +139,13 @@ class Deferred:
         # program this thread may be waiting for) never waits: the room it
         # would wait for may come only once it returns.
         if not self.is_deliverer and why_waiting_is_forbidden() is None:
-          self._hurry += 1
+          self._waiters += 1
           self._cond.notify_all()
           try:  # (Ctrl-C may end the wait: the thread gathers again)
             self._cond.wait_for(lambda: not self._bytes
                                 or self._bytes + size <= self.capacity)
           finally:
-            self._hurry -= 1
+            self._waiters -= 1
       if not self._pending:  # the thread sleeps until something comes
         self._cond.notify_all()
       self._pending.append((plan, packs, size))
@@ -182,7 +183,7 @@ class Deferred:
         # Gather what comes in the next window (unless someone waits):
         # one trip for many calls, and the caller's dispatch keeps the
         # interpreter lock meanwhile.
-        self._cond.wait_for(lambda: self._hurry, self.gather)
+        self._cond.wait_for(lambda: self._waiters, self.gather)
         batch = list(self._pending)
         self._pending.clear()
       try:
@@ -206,7 +207,7 @@ class Deferred:
             self._delivered += len(group)
             self._cond.notify_all()
       batch = fetched = packs = None
-      calls.trip_ended()
+      calls.round_ended()
 
   def pending(self) -> int:
     with self._cond:
@@ -222,12 +223,12 @@ class Deferred:
       return
     with self._cond:
       count = self._submitted if count is None else count
-      self._hurry += 1  # no gathering while someone waits
+      self._waiters += 1  # no gathering while someone waits
       self._cond.notify_all()
       try:
         self._cond.wait_for(lambda: self._delivered >= count)
       finally:
-        self._hurry -= 1
+        self._waiters -= 1
 
 
 def _groups(batch: list, fetched: list) -> list:

@@ -2,7 +2,8 @@
 
 A tap in asynchronous mode does not call Python from the device computation.
 Its operands are copied into a bounded FIFO queue (the native one of
-``hostcall._runtime.native``: by its XLA FFI handler, or by a Python callback
+``hostcall._runtime.queue_library``: by its XLA FFI handler, or by a Python
+callback
 where the emission table routes the call so) and the computation goes on;
 one consumer thread delivers the taps to their host functions in queue
 order, which is program order on each device.
@@ -32,9 +33,9 @@ import jax
 import numpy as np
 
 from hostcall import _jax_private
-from hostcall._runtime import call_sites, native, queues
+from hostcall._runtime import call_sites, queue_library, native_queue
 from hostcall._runtime.call_sites import sites
-from hostcall._runtime.deferred import deferred
+from hostcall._runtime.outputs_replay import deferred
 from hostcall._runtime.markers import markers
 from hostcall._runtime import calls, errors
 from hostcall._core.targets import Steps
@@ -147,7 +148,7 @@ class Consumer:
           "of multiprocessing instead.")
     with self._lock:
       if self._queue is None:
-        started = queues.NativeQueue(native.load(), self.capacity)
+        started = native_queue.NativeQueue(queue_library.load(), self.capacity)
         # Python 3.12 on starts no thread once the interpreter exits (an
         # exit handler's first call): then nothing is marked started, and
         # the RuntimeError says why.
@@ -172,7 +173,7 @@ class Consumer:
   def native(self) -> bool:
     """Whether the device reaches the started queue through the native
     FFI handlers (else through JAX's Python callbacks)."""
-    return self._queue is not None and native.LIBRARY.ffi
+    return self._queue is not None and queue_library.LIBRARY.ffi
 
   @property
   def is_consumer(self) -> bool:
@@ -220,7 +221,7 @@ class Consumer:
       runs.reverse()
       while runs:
         run = runs.pop()
-        packed = isinstance(run, queues.Packed)
+        packed = isinstance(run, native_queue.Packed)
         site = run.site if packed else run[0][0]
         if len(run) > 1 and sites.joinable(site):
           self._delivering_run(site, run, q)
@@ -231,7 +232,7 @@ class Consumer:
         while run:
           self._delivering_run(site, [run.pop()], q)
       run = None
-      calls.trip_ended()
+      calls.round_ended()
       try:
         self.prune()
       except BaseException:  # noqa: BLE001 - the consumer never dies
@@ -302,7 +303,7 @@ class Consumer:
       if len(items) == 1:
         Consumer._deliver(*items[0])
         return
-      if queues.Unreadable in set(map(type, map(_raw_of, items))):
+      if native_queue.Unreadable in set(map(type, map(_raw_of, items))):
         # Each fails alone: the others are delivered.
         for item in items:
           try:
@@ -376,13 +377,13 @@ class Consumer:
     if self._queue is None or self.is_consumer:
       return True  # the consumer cannot wait for itself
     count = self.pushed() if count is None else count
-    self._queue.hurry(1)  # no gathering while we wait
+    self._queue.add_waiters(1)  # no gathering while we wait
     try:
       with self._done:
         return self._done.wait_for(lambda: self._delivered >= count,
                                    timeout)
     finally:
-      self._queue.hurry(-1)
+      self._queue.add_waiters(-1)
 
 
 consumer = Consumer()
@@ -401,19 +402,19 @@ def wait() -> None:
   # (The delivery thread's wake-up, 0.1 to 0.3 ms, overlaps the settling.)
   consumer.flush_soon()
   try:
-    deferred.settle_queued()
+    deferred.wait_for_queueing_programs()
     _jax_private.wait_for_effects()
   except BaseException:  # (Ctrl-C): the next barrier settles them
     sites.give_back(retired)
     raise
-  sites.settled(retired, consumer.pushed())
+  sites.release_once_delivered(retired, consumer.pushed())
   for _ in range(_MAX_BARRIER_ROUNDS):
     pushed, submitted = consumer.pushed(), deferred.submitted()
     deferred.drain(count=submitted)
     consumer.drain(count=pushed)
     if markers.waiting():  # (outputs whose marker claimed another's)
-      markers.settle()
-    deferred.settle_queued()
+      markers.replay_unclaimed()
+    deferred.wait_for_queueing_programs()
     _jax_private.wait_for_effects()  # what the delivered host functions ran
     if consumer.pushed() == pushed and deferred.submitted() == submitted:
       consumer.prune()  # what the barrier saw delivered is released now

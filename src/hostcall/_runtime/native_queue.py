@@ -29,10 +29,10 @@ class NativeQueue:
     self._keys = itertools.count(1)
 
   def become_consumer(self) -> None:
-    self.lib.held.hostcall_become_consumer()
+    self.lib.gil_held.hostcall_become_consumer()
 
   def set_bypass(self, on: bool) -> None:
-    self.lib.held.hostcall_set_bypass(int(on))
+    self.lib.gil_held.hostcall_set_bypass(int(on))
 
   def set_capacity(self, capacity: int) -> None:
     self.lib.hostcall_set_capacity(capacity)
@@ -44,15 +44,15 @@ class NativeQueue:
     # this producer wait.
     self.lib.hostcall_push_host(site, key, sum(a.nbytes for a in arrays))
 
-  def hurry(self, delta: int) -> None:
+  def add_waiters(self, delta: int) -> None:
     """A thread starts (+1) or stops (-1) waiting for delivery: while one
     waits, items are taken without gathering."""
-    self.lib.held.hostcall_hurry(delta)
+    self.lib.gil_held.hostcall_add_waiters(delta)
 
   def flush_soon(self) -> None:
     """The items queued now are taken without gathering; later ones gather
     as usual."""
-    self.lib.held.hostcall_flush_soon()
+    self.lib.gil_held.hostcall_flush_soon()
 
   def pop_batch(self, timeout: float, gather: float = 0.0) -> list:
     """The queued items in runs (see ``runs``; maybe none): the items
@@ -66,10 +66,10 @@ class NativeQueue:
     if not n:
       return []
     handles = self._handles
-    lib.held.hostcall_describe_many(handles, n, self._descriptions)
+    lib.gil_held.hostcall_describe_many(handles, n, self._descriptions)
     # Every popped item gives back its room in the queue at once, whatever
     # happens while reading it.
-    lib.held.hostcall_uncount_many(handles, n)
+    lib.gil_held.hostcall_uncount_many(handles, n)
     table = np.frombuffer(self._descriptions, np.int64, 4 * n).reshape(n, 4)
     sites, keys, sizes = table[:, 0], table[:, 1], table[:, 3]
     if not keys.any() and sizes.max() < ZERO_COPY_BYTES:
@@ -79,7 +79,7 @@ class NativeQueue:
         block = _new_block(int(sizes.sum()))
       except BaseException as exc:  # noqa: BLE001 - e.g. MemoryError
         return runs(self._take_one_by_one(n, exc))
-      lib.held.hostcall_copy_free_many(handles, n, ZERO_COPY_BYTES,
+      lib.gil_held.hostcall_copy_free_many(handles, n, ZERO_COPY_BYTES,
                                        block.ctypes.data)
       block.flags.writeable = False  # as bytes read from the queue were
       return Packed.runs_of(sites, sizes, block)
@@ -99,7 +99,7 @@ class NativeQueue:
       block = _new_block(small)
     except BaseException as exc:  # noqa: BLE001 - e.g. MemoryError
       return self._take_one_by_one(n, exc)
-    lib.held.hostcall_copy_free_many(handles, n, ZERO_COPY_BYTES,
+    lib.gil_held.hostcall_copy_free_many(handles, n, ZERO_COPY_BYTES,
                                      block.ctypes.data)
     data = block.tobytes()
     at = 0
@@ -141,13 +141,13 @@ class NativeQueue:
     finally:
       for i in range(n):
         if i not in kept:
-          lib.held.hostcall_free(handles[i])
+          lib.gil_held.hostcall_free(handles[i])
     del failure
     return items
 
   def stats(self) -> dict:
     out = (ctypes.c_int64 * 7)()
-    self.lib.held.hostcall_stats(out)
+    self.lib.gil_held.hostcall_stats(out)
     return {"pushed": out[0], "queued": out[1], "queued_bytes": out[2],
             "capacity": out[3], "producer_waits": out[4],
             "producers_waiting": out[5], "trips": out[6]}
@@ -234,7 +234,7 @@ class _Block:
 
   def __del__(self):
     try:
-      self.lib.held.hostcall_free(self.handle)
+      self.lib.gil_held.hostcall_free(self.handle)
     except Exception:  # noqa: BLE001 - at interpreter exit: nothing to free
       pass
 

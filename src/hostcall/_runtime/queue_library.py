@@ -19,7 +19,7 @@ LIBRARY = libraries.Library(
     "hostcall_queue",
     signatures={
         "hostcall_pop": ([_i64, _i64, _i64, ctypes.POINTER(_vp)], _i64),
-        "hostcall_hurry": ([_i64], None),
+        "hostcall_add_waiters": ([_i64], None),
         "hostcall_flush_soon": ([], None),
         "hostcall_uncount_many": ([ctypes.POINTER(_vp), _i64], None),
         "hostcall_free": ([_vp], None),
