@@ -44,8 +44,9 @@ import atexit as _atexit
 
 from hostcall._runtime import tap_queue as _queue
 from hostcall._core.delivery import delivery, set_delivery
-from hostcall._runtime.tap_queue import (queue_stats, set_gather_window,
-                                         set_queue_capacity)
+from hostcall._runtime.queue_settings import (queue_stats,
+                                              set_gather_window,
+                                              set_queue_capacity)
 from hostcall._core import CallContext, call_context
 from hostcall._runtime import CallbackException, barrier
 from hostcall._runtime.libraries import HostcallNativeError

@@ -46,191 +46,9 @@ from jax.extend import core as jex_core
 from hostcall import _jax_private
 from hostcall._core.context import AFTER
 from hostcall._core.primitive import hostcall_p
-from hostcall._jit import threaded
+from hostcall._jit import deferrable, threaded
 from hostcall._jit.plan import Call, Loop
 
-
-# --- which programs can be deferred -----------------------------------------
-
-def _deferrable_call(eqn, queued: bool = False) -> bool:
-  """Whether the host call ``eqn`` may be taken out: queued from the
-  device (``queued``: its target is ``queueable``, and a call with results
-  has a ``queued_answer`` for the program), or as outputs (a result-less
-  call whose target is ``deferrable``)."""
-  params = eqn.params
-  target = params["target"]
-  if _runs_live_without_effect(eqn, queued):
-    return True
-  if params["partitioned"] or not all(_packable(v.aval) for v in eqn.invars):
-    return False
-  answers = params["kind"] == "call" and params["result_avals"]
-  if queued:
-    return target.queueable and (not answers
-                                 or target.queued_answer is not None)
-  return not answers and target.deferrable
-
-
-def runs_live(eqn) -> bool:
-  """Whether ``eqn`` is a host call that a queued program runs live
-  without a JAX effect (``HostTarget.live_without_effect``: a steered
-  loop's), where it runs on one device."""
-  target = eqn.params.get("target")
-  return (eqn.primitive is hostcall_p and target.live_without_effect
-          and not target.queueable)
-
-
-def is_loop_body_call(eqn) -> bool:
-  """Whether ``eqn`` is a host call other than a chunked loop's own events
-  (one its body makes). With a call that ``runs_live`` beside it, a
-  program stays as ``jax.jit`` has it: a queued call's failure would reach
-  the host after the loop's checks, which must stop the loop at it."""
-  return (eqn.primitive is hostcall_p and not runs_live(eqn)
-          and not eqn.params["target"].loop_event)
-
-
-def _runs_live_without_effect(eqn, queued: bool) -> bool:
-  """``runs_live`` in a queued program, on one device only (where a
-  partitioned call is one call too)."""
-  return queued and runs_live(eqn) and jax.device_count() == 1
-
-
-def _packable(aval) -> bool:
-  dtype = getattr(aval, "dtype", None)
-  # Numbers of every width (bfloat16, float8, int4 too), booleans and PRNG
-  # keys (taken out as their key data, ``_physical``); not float0 or
-  # another extended dtype, which no output carries as they are.
-  return dtype is not None and (jnp.issubdtype(dtype, jnp.number)
-                                or jnp.issubdtype(dtype, jnp.bool_)
-                                or _is_key(dtype))
-
-
-def _is_key(dtype) -> bool:
-  return jnp.issubdtype(dtype, jax.dtypes.prng_key)
-
-
-def _physical(value, aval):
-  """An operand as a deferred call carries it: a PRNG key as its key data
-  (``jax.random.key_data``: what the host function of a call in a program
-  ``jax.jit`` compiles receives), any other value in its own dtype."""
-  if _is_key(aval.dtype):
-    return jax.random.key_data(value)
-  return jnp.asarray(value, aval.dtype)
-
-
-def why_kept(eqn, queued: bool = False) -> str:
-  """Why ``keeps_live(eqn, queued)``: what about ``eqn`` keeps its
-  program as ``jax.jit`` compiles it, in words for the warning."""
-  name = eqn.primitive.name
-  if eqn.primitive is not hostcall_p:
-    if _calls_in_a_predicate(eqn, queued):
-      return "a while_loop whose predicate calls the host"
-    if name == "io_callback":
-      return ("an io_callback whose results the program uses (or with a "
-              "sharding), which must run in place")
-    if eqn.params.get("partitioned"):
-      return "a partitioned call (one per shard), which stays in the program"
-    if any(k.endswith("jaxpr") or k == "branches" for k in eqn.params):
-      name = {"remat2": "jax.checkpoint", "checkpoint": "jax.checkpoint",
-              "custom_jvp_call": "custom_jvp",
-              "custom_vjp_call": "custom_vjp"}.get(name, name)
-      return (f"the host calls (or other effects) inside a {name}, where "
-              "hostcall.jit takes none out")
-    effects = ", ".join(sorted({type(e).__name__ for e in eqn.effects}))
-    return f"an effect hostcall.jit cannot take out ({name}: {effects})"
-  params = eqn.params
-  if params["partitioned"]:
-    return "a partitioned call (one per shard), which stays in the program"
-  unpackable = [v.aval for v in eqn.invars if not _packable(v.aval)]
-  if unpackable:
-    return (f"its operand of dtype {unpackable[0].dtype}, which a program "
-            "cannot hand out as bytes to call the host later")
-  if params["kind"] == "call" and params["result_avals"]:
-    return "a call whose results the program uses, which must run in place"
-  return "a host call that must run where the program makes it"
-
-
-def _is_jit(eqn) -> bool:
-  return eqn.primitive.name in ("pjit", "jit") and "jaxpr" in eqn.params
-
-
-def analyse(jaxpr, queued: bool = False) -> bool | None:
-  """Whether ``jaxpr`` (a closed or open jaxpr) can be deferred: True if
-  it has deferrable host calls and nothing that must stay live (see the
-  module's docstring), False if it has nothing to defer, None if it has
-  host calls or effects that must run where they are. ``queued``: the
-  calls are to be queued from the device (``evaluate_threaded``), which
-  reaches the bodies of ``while_loop`` and the branches of ``cond`` too."""
-  found = False
-  for eqn in _jaxpr_of(jaxpr).eqns:
-    if eqn.primitive is hostcall_p:
-      if _deferrable_call(eqn, queued):
-        found = True
-        continue
-      if eqn.effects:
-        return None
-      continue  # a call without an effect: no order to keep
-    if _calls_in_a_predicate(eqn, queued):
-      return None
-    inners = _looked_into(eqn, queued)
-    if inners:
-      for inner in inners:
-        verdict = analyse(inner, queued)
-        if verdict is None:
-          return None
-        found = found or verdict
-    elif eqn.effects:
-      return None
-  return found
-
-
-def keeps_live(eqn, queued: bool = False) -> bool:
-  """Whether ``eqn`` itself (not a jaxpr inside it) is what makes
-  ``analyse`` keep a program as it is: an effectful host call that cannot
-  be deferred, or another effect ``analyse`` does not look into."""
-  if eqn.primitive is hostcall_p:
-    return bool(eqn.effects) and not _deferrable_call(eqn, queued)
-  return bool(eqn.effects) and (not _looked_into(eqn, queued)
-                                or _calls_in_a_predicate(eqn, queued))
-
-
-def _looked_into(eqn, queued: bool) -> list:
-  """The jaxprs ``analyse`` reads inside ``eqn``: a nested ``jit``'s, a
-  ``scan``'s body, and, queued, a ``while_loop``'s body and a ``cond``'s
-  branches; [] for any other equation."""
-  if _is_jit(eqn) or (eqn.primitive.name == "scan"
-                      and _scan_layout(eqn) is not None):
-    return [eqn.params["jaxpr"]]
-  if queued and eqn.primitive.name == "while":
-    return [eqn.params["body_jaxpr"]]
-  if queued and eqn.primitive.name == "cond":
-    return list(eqn.params["branches"])
-  return []
-
-
-def _calls_in_a_predicate(eqn, queued: bool) -> bool:
-  """Whether ``eqn`` is a queued ``while_loop`` whose predicate calls the
-  host: the predicate stays as it is, so it may not."""
-  return (queued and eqn.primitive.name == "while"
-          and analyse(eqn.params["cond_jaxpr"], queued) is not False)
-
-
-def _jaxpr_of(jaxpr):
-  return getattr(jaxpr, "jaxpr", jaxpr)
-
-
-def _scan_layout(eqn):
-  layout = _jax_private.scan_layout(eqn.params)
-  if layout is None:
-    return None
-  num_consts, num_carry = layout
-  length = eqn.params["length"]
-  ys = eqn.outvars[num_carry:]
-  if not all(getattr(v.aval, "shape", (None,))[:1] == (length,) for v in ys):
-    return None  # a layout this release lays out otherwise
-  return num_consts, num_carry
-
-
-# --- evaluating a program with its calls deferred ---------------------------
 
 class _Recorder:
   """What one trace level (the program, or one loop body) defers: as
@@ -299,7 +117,7 @@ class _Recorder:
 
   def record(self, eqn, invals) -> None:
     params = eqn.params
-    operands = [_physical(x, v.aval) for x, v in zip(invals, eqn.invars)]
+    operands = [deferrable.physical(x, v.aval) for x, v in zip(invals, eqn.invars)]
     if self.queued:
       self.order  # noqa: B018 - binds the call before this one
       self._pending = (operands, {
@@ -319,7 +137,7 @@ def evaluate(closed_jaxpr, args: Sequence) -> tuple[list, list, tuple]:
   deferrable calls taken out; returns ``(outputs, deferred values,
   nodes)``."""
   recorder = _Recorder()
-  outs = _evaluate(_jaxpr_of(closed_jaxpr), closed_jaxpr.consts, args,
+  outs = _evaluate(deferrable.jaxpr_of(closed_jaxpr), closed_jaxpr.consts, args,
                    recorder)
   return outs, recorder.values, tuple(recorder.nodes)
 
@@ -333,7 +151,7 @@ def evaluate_threaded(closed_jaxpr, args: Sequence,
   returned (which is ready once every queued call has run: on several
   devices, what a barrier waits for)."""
   recorder = _Recorder(order=threaded.start_order())
-  outs = _evaluate(_jaxpr_of(closed_jaxpr), closed_jaxpr.consts, args,
+  outs = _evaluate(deferrable.jaxpr_of(closed_jaxpr), closed_jaxpr.consts, args,
                    recorder)
   if keep_order:
     return outs, recorder.order
@@ -357,30 +175,30 @@ def _evaluate(jaxpr, consts, args, recorder: _Recorder) -> list:
     write(var, value)
   for eqn in jaxpr.eqns:
     invals = [read(v) for v in eqn.invars]
-    if eqn.primitive is hostcall_p and _runs_live_without_effect(eqn,
+    if eqn.primitive is hostcall_p and deferrable.runs_live_without_effect(eqn,
                                                                   queued):
       outs = recorder.live(eqn, invals)
-    elif eqn.primitive is hostcall_p and _deferrable_call(eqn, queued):
+    elif eqn.primitive is hostcall_p and deferrable.deferrable_call(eqn, queued):
       recorder.record(eqn, invals)
       if eqn.params["kind"] == "tap":
         outs = invals
       else:  # no results, or what a queued call answers (queued_answer)
         outs = [jnp.full(v.aval.shape, eqn.params["target"].queued_answer,
                          v.aval.dtype) for v in eqn.outvars]
-    elif _is_jit(eqn) and analyse(eqn.params["jaxpr"], queued):
+    elif deferrable.is_jit(eqn) and deferrable.analyse(eqn.params["jaxpr"], queued):
       inner = eqn.params["jaxpr"]
       outs = _constrained(_evaluate(
-          _jaxpr_of(inner), inner.consts,
+          deferrable.jaxpr_of(inner), inner.consts,
           _constrained(invals, eqn.params.get("in_shardings")), recorder),
           eqn.params.get("out_shardings"))
-    elif (eqn.primitive.name == "scan" and _scan_layout(eqn) is not None
-          and analyse(eqn.params["jaxpr"], queued)):
+    elif (eqn.primitive.name == "scan" and deferrable.scan_layout(eqn) is not None
+          and deferrable.analyse(eqn.params["jaxpr"], queued)):
       outs = _scan(eqn, invals, recorder)
     elif (queued and eqn.primitive.name == "while"
-          and analyse(eqn.params["body_jaxpr"], queued)):
+          and deferrable.analyse(eqn.params["body_jaxpr"], queued)):
       outs = _while(eqn, invals, recorder)
     elif (queued and eqn.primitive.name == "cond"
-          and any(analyse(b, queued) for b in eqn.params["branches"])):
+          and any(deferrable.analyse(b, queued) for b in eqn.params["branches"])):
       outs = _cond(eqn, invals, recorder)
     elif queued and eqn.primitive is hostcall_p:
       # A host call left in place (a pure callback) runs after the queued
@@ -418,7 +236,7 @@ def _constraining(sharding) -> bool:
 
 
 def _scan(eqn, invals, recorder: _Recorder) -> list:
-  num_consts, num_carry = _scan_layout(eqn)
+  num_consts, num_carry = deferrable.scan_layout(eqn)
   body = eqn.params["jaxpr"]
   consts = invals[:num_consts]
   init = invals[num_consts:num_consts + num_carry]
@@ -431,7 +249,7 @@ def _scan(eqn, invals, recorder: _Recorder) -> list:
     inner.values.clear()
     if threading_order:
       inner.order, *carry = carry
-    outs = _evaluate(_jaxpr_of(body), body.consts, [*consts, *carry, *x],
+    outs = _evaluate(deferrable.jaxpr_of(body), body.consts, [*consts, *carry, *x],
                      inner)
     values = list(inner.values)
     inner.values.clear()  # nothing keeps the body's tracers after it
@@ -481,7 +299,7 @@ def _while(eqn, invals, recorder: _Recorder) -> list:
   def step(carry):
     order, *carry = carry
     inner = _Recorder(order=order)
-    outs = _evaluate(_jaxpr_of(body), body.consts, [*body_consts, *carry],
+    outs = _evaluate(deferrable.jaxpr_of(body), body.consts, [*body_consts, *carry],
                      inner)
     if batched:
       running = lanes_predicate(carry)
@@ -510,7 +328,7 @@ def _cond(eqn, invals, recorder: _Recorder) -> list:
   def branch(closed):
     def run(order, *operands):
       inner = _Recorder(order=order)
-      outs = _evaluate(_jaxpr_of(closed), closed.consts, operands, inner)
+      outs = _evaluate(deferrable.jaxpr_of(closed), closed.consts, operands, inner)
       return [inner.order, *outs]
     return run
 

@@ -42,7 +42,7 @@ import jax
 
 from hostcall import _jax_private
 from hostcall._core.checks import check_callable
-from hostcall._jit import deferring, jax_callbacks, marker
+from hostcall._jit import deferrable, deferring, jax_callbacks, marker
 from hostcall._jit import plan as replay_plan
 from hostcall._runtime import (dispatch_stdout, emission, queue_library,
                                tap_queue)
@@ -296,12 +296,12 @@ class Jitted:
     if jax.process_count() > 1:
       return None
     rewritten = jax_callbacks.as_hostcalls(closed)
-    verdict = deferring.analyse(rewritten, queued=queued)
+    verdict = deferrable.analyse(rewritten, queued=queued)
     body_call = None
     if (verdict and queued
-        and jax_callbacks.first_kept(rewritten, deferring.runs_live)):
+        and jax_callbacks.first_kept(rewritten, deferrable.runs_live)):
       body_call = jax_callbacks.first_kept(rewritten,
-                                           deferring.is_loop_body_call)
+                                           deferrable.is_loop_body_call)
     if verdict and body_call is None:
       return rewritten
     if body_call is not None and not self._warned:
@@ -319,9 +319,9 @@ class Jitted:
       self._warned = True
       rewritable = jax_callbacks.picker(rewritten)
       kept = jax_callbacks.first_kept(
-          rewritten, lambda eqn: (deferring.keeps_live(eqn, queued)
+          rewritten, lambda eqn: (deferrable.keeps_live(eqn, queued)
                                   and not rewritable(eqn)),
-          why=lambda eqn: deferring.why_kept(eqn, queued))
+          why=lambda eqn: deferrable.why_kept(eqn, queued))
       warnings.warn(
           f"hostcall.jit: {getattr(self._fun, '__name__', 'the function')}"
           f" runs as jax.jit runs it, its host calls inside the program "
