@@ -180,6 +180,10 @@ def debug_callback_on_cpu(callback, avals):
   function of NumPy values of ``avals``, or None where it would not be the
   same (a value of an extended dtype or ``float0``; no CPU device).
 
+  (Over 80 lines: one reading of JAX's eager implementation, step by step,
+  each step beside the private names it needs; split, the steps would
+  hand those names around.)
+
   The same: each value a committed ``jax.Array`` on the first CPU device,
   the callback called with that device as the default and, where this JAX
   release sets them (0.8.1 on), no concrete or abstract mesh, and its

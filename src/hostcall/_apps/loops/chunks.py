@@ -120,6 +120,10 @@ def chunked_scan(f: Callable, init, xs=None, length: int | None = None,
   Returns:
     What ``jax.lax.scan`` returns (and, with ``check``, the reason the loop
     stopped, 0 if it did not).
+
+  (Over 80 lines: its step body, chunk group and parts share what the body's
+  trace found (its flush, its orderings, whether it buffers), which each
+  closure reads where it is traced.)
   """
   check_callable(f, "hostcall.scan's body f")
   check_every(every)

@@ -20,8 +20,8 @@ import numpy as np
 
 from hostcall import _jax_private
 from hostcall._apps.metrics import (config as _config, files, log_args,
-                                    processes as _processes, reading,
-                                    registry, sink as _sinks)
+                                    open_runs, processes as _processes,
+                                    reading, registry)
 from hostcall._apps.metrics.log_target import LogTarget
 from hostcall._apps.metrics.memory import MemoryWriter
 from hostcall._apps.metrics.sink import RunSink
@@ -185,7 +185,7 @@ class Run:
     job = _processes.job()
     self.name = name
     base = files.run_dir(root, name)
-    _sinks.finish_abandoned()  # (an earlier run of this name, made again)
+    open_runs.finish_abandoned()  # (an earlier run of this name, made again)
     part = (f"process_{job.process}"
             if job.process is not None and processes == "each" else None)
     channel = None if job.process is None else _processes.channel(name)
@@ -195,11 +195,11 @@ class Run:
       self.dir = base
     elif job.process is None:
       self.dir = claimed = files.claim_run_dir(base, writes,
-                                               _sinks.dirs_in_use)
+                                               open_runs.dirs_in_use)
     else:  # one name for the whole job: process 0's
       def choose() -> str:
         nonlocal claimed
-        claimed = files.claim_run_dir(base, writes, _sinks.dirs_in_use)
+        claimed = files.claim_run_dir(base, writes, open_runs.dirs_in_use)
         return claimed.name
       self.dir = base.with_name(_processes.one_name(
           job, channel, choose, f"Run({name!r})"))

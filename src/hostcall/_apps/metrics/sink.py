@@ -17,7 +17,6 @@ run open, not one a time.
 
 from __future__ import annotations
 
-import atexit
 import copy
 import inspect
 import itertools
@@ -33,16 +32,13 @@ from hostcall._apps.metrics import (config as _config, files as _files,
                                     processes as _processes, registry,
                                     writer_thread)
 from hostcall._apps.metrics.block import Block
+from hostcall._apps.metrics import open_runs
 from hostcall._apps.metrics.users import Users
-from hostcall._runtime import errors, tap_queue as _queue
-from hostcall._runtime.barriers import add_barrier_hook
-from hostcall._core.context import why_waiting_is_forbidden
+from hostcall._runtime import errors
 
 logger = logging.getLogger("hostcall")
 
 _ids = itertools.count()
-_open: list["RunSink"] = []
-_open_lock = threading.Lock()
 
 
 class RunSink:
@@ -135,14 +131,7 @@ class RunSink:
           writers[index] = make()
           if ours:
             made.append(writers[index])
-      with _open_lock:
-        replaced = [s for s in _open if s.successor is None
-                    and s.dir.resolve() == self.dir.resolve()]
-        for old in replaced:
-          with old.lock:
-            old.successor = self  # from now on, its rows come here
-            self._all_users += old._all_users  # its Run logs here now
-        _open.append(self)
+      replaced = self._replace_open_runs()
       for old in replaced:
         old.drain()  # its rows written: its writers idle from now on
       # The file writers last, once the replaced run's are idle (one
@@ -158,33 +147,12 @@ class RunSink:
         self._gather = _processes.Gather(job.client, self._channel,
                                          job.count, self.put)
       if exists == "overwrite":
-        for writer in made:
-          start_afresh = getattr(writer, "start_afresh", None)
-          if start_afresh is not None:
-            start_afresh()
+        _start_afresh(made)
       if self.config:  # (before the writer thread hands them a row)
         self._each_writer("check_config", self.config)
         self._each_writer("write_config", self.config)
     except BaseException:
-      self.closed = True
-      self._writers_closed = True
-      if replaced:  # the replaced run takes its rows again, and ours
-        self.writers[:] = replaced[0].writers
-        for old in replaced:
-          with old.lock:
-            old.successor = None
-      for writer in made:  # nothing of a run that failed to open stays open
-        try:
-          writer.close()
-        except Exception:  # noqa: BLE001 - the first failure is raised
-          logger.debug("hostcall: closing %r of a run that failed to open",
-                       writer, exc_info=True)
-      if created:  # the directory made for it, and the files made in it
-        _files.remove_made(self.dir, [self.dir / _config.FILE] + [
-            getattr(writer, "path", None) for writer in made])
-      with _open_lock:
-        if self in _open:
-          _open.remove(self)
+      self._undo_open(replaced, made, created)
       raise
     finally:
       self._ready.set()
@@ -194,6 +162,43 @@ class RunSink:
         old.close_writers()
       except Exception as exc:  # noqa: BLE001 - this run is open all the same
         errors.postpone(exc, f"closing the writers of {old!r}, replaced")
+
+  def _replace_open_runs(self) -> list:
+    """Registers this sink as open; the open runs of its directory
+    (re-created) hand their rows, and their ``Run`` objects, to it."""
+    with open_runs.LOCK:
+      replaced = [s for s in open_runs.OPEN if s.successor is None
+                  and s.dir.resolve() == self.dir.resolve()]
+      for old in replaced:
+        with old.lock:
+          old.successor = self  # from now on, its rows come here
+          self._all_users += old._all_users  # its Run logs here now
+      open_runs.OPEN.append(self)
+    return replaced
+
+  def _undo_open(self, replaced: list, made: list, created: bool) -> None:
+    """A run that failed to open leaves nothing open: the runs it replaced
+    take their rows back, the writers it made are closed, and the
+    directory made for it (and the files made in it) removed."""
+    self.closed = True
+    self._writers_closed = True
+    if replaced:  # the replaced run takes its rows again, and ours
+      self.writers[:] = replaced[0].writers
+      for old in replaced:
+        with old.lock:
+          old.successor = None
+    for writer in made:
+      try:
+        writer.close()
+      except Exception:  # noqa: BLE001 - the first failure is raised
+        logger.debug("hostcall: closing %r of a run that failed to open",
+                     writer, exc_info=True)
+    if created:
+      _files.remove_made(self.dir, [self.dir / _config.FILE] + [
+          getattr(writer, "path", None) for writer in made])
+    with open_runs.LOCK:
+      if self in open_runs.OPEN:
+        open_runs.OPEN.remove(self)
 
   def __repr__(self):
     return f"hostcall.metrics.Run({self.name!r}, dir={str(self.dir)!r})"
@@ -413,9 +418,9 @@ class RunSink:
       if self._writers_closed:
         return
       self._writers_closed = True
-    with _open_lock:
-      if self in _open:
-        _open.remove(self)
+    with open_runs.LOCK:
+      if self in open_runs.OPEN:
+        open_runs.OPEN.remove(self)
     failures = []
     for writer in self.writers:
       try:
@@ -426,73 +431,10 @@ class RunSink:
       raise failures[0]
 
 
-def dirs_in_use() -> set[pathlib.Path]:
-  """The directories (resolved) of the runs open in this process."""
-  with _open_lock:
-    return {s.dir.resolve() for s in _open
-            if s.successor is None and not s.closed}
-
-
-def finish_abandoned() -> list["RunSink"]:
-  """Finishes (flushes and closes) the runs open in this process that
-  nothing can log to any more (``RunSink.in_use``); returns them. Skipped
-  where waiting for the writer thread is not allowed (on it, or in a host
-  function), and for process 0 of a gathered run (its close waits for the
-  other processes: at its ``close()`` or at exit). A failure to close is
-  reported by the next barrier."""
-  if why_waiting_is_forbidden() is not None or writer_thread.shared.is_writer:
-    return []
-  with _open_lock:
-    candidates = [s for s in _open if s.successor is None and not s.closed
-                  and s._gather is None and not s.in_a_forked_child]
-  finished = []
-  for sink in candidates:
-    if sink.in_use():
-      continue
-    with sink.lock:  # one thread finishes it
-      if sink.closed or sink.successor is not None:
-        continue
-      sink.closed = True
-    finished.append(sink)
-    try:
-      sink.drain()
-      sink.close_writers()
-    except Exception as exc:  # noqa: BLE001 - the next barrier reports it
-      errors.postpone(exc, f"finishing {sink!r}, which nothing logs to any "
-                      "more")
-  return finished
-
-
-def _flush_all() -> None:
-  finish_abandoned()
-  for sink in list(_open):
-    sink.drain()
-
-
-def _close_all_at_exit() -> None:
-  if not _open:
-    return
-  try:
-    _queue.wait()
-  finally:
-    for sink in list(_open):
-      try:  # one run's failure (a full disk) never costs another its rows
-        sink.await_other_processes()
-        sink.drain()
-        sink.close_writers()
-      except BaseException:  # noqa: BLE001
-        logger.exception("hostcall: closing %r at exit failed", sink)
-
-
-def _forget_runs_in_a_forked_child() -> None:
-  # The open runs, their rows and files are the parent's: a forked child's
-  # exit must not wait for the parent's writer thread, which it lacks, nor
-  # close the parent's files. (No lock is taken: one a parent's thread held
-  # at the fork stays held in the child for good.)
-  _open.clear()
-  writer_thread.shared.__init__()
-
-
-add_barrier_hook(_flush_all)
-atexit.register(_close_all_at_exit)
-os.register_at_fork(after_in_child=_forget_runs_in_a_forked_child)
+def _start_afresh(writers: list) -> None:
+  """The files an earlier run left, emptied by the writers that made them
+  (``exists="overwrite"``), once every writer is made."""
+  for writer in writers:
+    start_afresh = getattr(writer, "start_afresh", None)
+    if start_afresh is not None:
+      start_afresh()

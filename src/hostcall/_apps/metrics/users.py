@@ -1,7 +1,7 @@
 """What can still log to a run (``Users``): its ``Run`` object, its call
 sites traced into programs, and its calls made outside ``jit`` not yet
 delivered; a run nothing can log to any more is finished
-(``sink.finish_abandoned``)."""
+(``open_runs.finish_abandoned``)."""
 
 from __future__ import annotations
 
