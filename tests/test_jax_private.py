@@ -17,6 +17,7 @@ import pytest
 from jax.experimental import io_callback
 from jax.sharding import SingleDeviceSharding
 
+import hostcall
 from hostcall import _jax_private
 from hostcall._core import hostcall_p
 
@@ -334,6 +335,34 @@ def test_trace_of_fails_loudly_when_a_tracer_keeps_no_trace():
   bare = object.__new__(Bare)  # a tracer whose trace was never set
   with pytest.raises(RuntimeError, match="no longer keep their trace"):
     _jax_private.trace_of(bare)
+
+
+def test_a_loops_lowering_frame_is_told_from_others(monkeypatch):
+  from hostcall._runtime import lowering
+  seen, emit = [], lowering.emit_sync
+
+  def spy(ctx, *args, **kwargs):
+    frame, found = sys._getframe(), False
+    while frame is not None:
+      found = found or _jax_private.is_loop_lowering_frame(frame)
+      frame = frame.f_back
+    seen.append(found)
+    return emit(ctx, *args, **kwargs)
+
+  monkeypatch.setattr(lowering, "emit_sync", spy)
+
+  def call(x):
+    hostcall.debug_callback(lambda v: None, x)  # lowered by emit_sync
+    return x + 1
+
+  jax.jit(call).lower(np.float32(1))
+  jax.jit(lambda x: jax.lax.scan(lambda c, _: (call(c), None), x, None,
+                                 length=2)[0]).lower(np.float32(1))
+  jax.jit(lambda x: jax.lax.while_loop(lambda c: c < 2, call, x)).lower(
+      np.float32(1))
+  jax.jit(lambda x: jax.lax.cond(x > 0, call, lambda c: c, x)).lower(
+      np.float32(1))
+  assert seen == [False, True, True, False]
 
 
 def test_every_name_has_a_test_here():

@@ -50,6 +50,7 @@ from hostcall._runtime.queue_settings import (queue_stats,
 from hostcall._core import CallContext, call_context
 from hostcall._runtime import CallbackException, barrier
 from hostcall._runtime.libraries import HostcallNativeError
+from hostcall._runtime.dispatch_hint import SlowDispatchWarning
 from hostcall._runtime.errors import (HostFunctionError, original_error,
                                       original_errors)
 from hostcall._derivatives.rules import HostFunction, fd_step
@@ -82,6 +83,7 @@ __all__ = [
     "HostFunction",
     "HostFunctionError",
     "HostcallNativeError",
+    "SlowDispatchWarning",
     "__version__",
     "barrier",
     "call_context",

@@ -50,6 +50,9 @@ class CallContext:
   peers: tuple = dataclasses.field(default=(), repr=False, compare=False)
   gates: int = 0
   axis_indices: dict = dataclasses.field(default_factory=dict)
+  # hostcall's own: the count of its program's runs that may give the
+  # hint of ``_runtime/dispatch_hint`` (a queued call's), None for most.
+  _tally: Any = dataclasses.field(default=None, repr=False, compare=False)
 
   @property
   def process_index(self) -> int:
@@ -89,12 +92,12 @@ def _unpack_transforms(transforms: tuple) -> tuple:
 
 def make_context(transforms: tuple, device,
                  shard_indices: tuple | None = None,
-                 peers: tuple = (), axis_indices: dict | None = None
-                 ) -> CallContext:
+                 peers: tuple = (), axis_indices: dict | None = None,
+                 tally: Any = None) -> CallContext:
   """The context of one call site on one device."""
   return CallContext(_unpack_transforms(transforms), device,
                      batch_levels(transforms), shard_indices, tuple(peers),
-                     transforms.count(GATE), dict(axis_indices or {}))
+                     transforms.count(GATE), dict(axis_indices or {}), tally)
 
 
 _current = threading.local()

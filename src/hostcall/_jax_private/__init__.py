@@ -71,4 +71,5 @@ from hostcall._jax_private.runtime import (wait_for_effects, on_effects_barrier,
                                            hide_frames_of, is_callback_frame,
                                            is_jax_frame, user_frame_of,
                                            loop_of_frame,
+                                           is_loop_lowering_frame,
                                            debug_callback_on_cpu)

@@ -174,6 +174,18 @@ def loop_of_frame(frame) -> tuple[str, int | None] | None:
   return None
 
 
+# The frame of JAX's lowering of a while loop (lax.scan, fori_loop and
+# while_loop are lowered as one), its body and condition lowered below it.
+_WHILE_LOWERING_CODE = _loops._while_lowering.__code__
+
+
+def is_loop_lowering_frame(frame) -> bool:
+  """Whether ``frame`` lowers a loop: what is lowered while it is on the
+  stack runs once per step of that loop, not once per run of its
+  program."""
+  return frame.f_code is _WHILE_LOWERING_CODE
+
+
 def debug_callback_on_cpu(callback, avals):
   """What ``jax.debug.callback``'s eager implementation does with
   ``callback`` (a ``debug_callback`` equation's flat callback), as a

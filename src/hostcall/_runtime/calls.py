@@ -32,7 +32,7 @@ import numpy as np
 from hostcall._runtime import errors
 from hostcall._core.context import (CallContext, calling,
                                     delivering_asynchronously)
-from hostcall._core.targets import HostTarget
+from hostcall._core.targets import HostTarget, Steps
 
 logger = logging.getLogger("hostcall")
 
@@ -128,6 +128,8 @@ def run(target: HostTarget, flat_args: Sequence[np.ndarray],
     # return; a host function that keeps its argument must keep a copy.
     flat_args = [np.array(a) if isinstance(a, np.ndarray) else a
                  for a in flat_args]
+  elif context._tally is not None:  # each a run of its program
+    context._tally.add(target.n if isinstance(target, Steps) else 1)
   with calling(context, asynchronous):
     try:
       return deliver(target, flat_args, context)
@@ -150,6 +152,10 @@ def run_each(target: HostTarget, flats: Iterable, context: CallContext,
 
   ``flats``: each call's flat arguments, or with ``single`` its one
   argument."""
+  tally = getattr(context, "_tally", None)
+  if tally is not None:  # each a run of its program
+    flats = list(flats)
+    tally.add(len(flats))
   call = target.caller(context)
   scope = target.run_scope(context)
   with calling(context, True), scope or contextlib.nullcontext():
@@ -187,6 +193,8 @@ def run_lines(target: HostTarget, columns: list, context: CallContext
     text = None
   if text is None:
     return False
+  if context._tally is not None and columns:  # each a run of its program
+    context._tally.add(len(columns[0]))
   with calling(context, True):
     try:
       writer.write_lines(text)

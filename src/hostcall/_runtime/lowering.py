@@ -28,8 +28,8 @@ from hostcall import _jax_private
 from hostcall._core.context import AFTER, make_context
 from hostcall._core.effects import ORDERED, effect_of
 from hostcall._core.primitive import hostcall_p
-from hostcall._runtime import (call_sites, calls, emission, enqueue,
-                               partitioned, tap_queue)
+from hostcall._runtime import (call_sites, calls, dispatch_hint, emission,
+                               enqueue, partitioned, tap_queue)
 
 
 def lower(ctx, *args, target, transforms, kind, result_avals, ordering,
@@ -38,6 +38,10 @@ def lower(ctx, *args, target, transforms, kind, result_avals, ordering,
   ``primitive``)."""
   axis_context = ctx.module_context.axis_context
   passed_through = list(args) if kind == "tap" else []
+  tally = dispatch_hint.tally_for(
+      ctx, target, answers=kind == "call" and bool(result_avals),
+      per_device=partitioned or isinstance(axis_context,
+                                           _jax_private.SPMDAxisContext))
   if emission.global_view(axis_context) and partitioned and not result_avals:
     emit_partitioned(ctx, args, target, transforms, ordering, delivery)
     return passed_through
@@ -54,7 +58,9 @@ def lower(ctx, *args, target, transforms, kind, result_avals, ordering,
     operands.append(partition)
     operand_avals.append(_jax_private.ShapedArray((), np.uint32))
   else:
-    contexts = make_context(transforms, devices)
+    # A queued call's runs are counted where they are delivered.
+    contexts = make_context(transforms, devices,
+                            tally=tally if delivery == "async" else None)
   op_sharding = emission.op_sharding(axis_context, chosen, result_avals)
   effect = effect_of(ordering)
   token = ctx.tokens_in.get(effect) if ordering in ORDERED else None
@@ -66,7 +72,7 @@ def lower(ctx, *args, target, transforms, kind, result_avals, ordering,
     results, token = emit_sync(ctx, target, contexts, token, operands,
                                operand_avals, result_avals, op_sharding,
                                has_side_effect=effect is not None,
-                               after=AFTER in transforms)
+                               after=AFTER in transforms, tally=tally)
   if ordering in ORDERED:
     if op_sharding is not None:
       token = emission.detached_token(token)
@@ -78,9 +84,23 @@ def lower(ctx, *args, target, transforms, kind, result_avals, ordering,
   return passed_through if kind == "tap" else list(results)
 
 
-def _sync_callback(target, contexts, result_avals, after: bool):
+def _sync_callback(target, contexts, result_avals, after: bool,
+                   tally: dispatch_hint.Tally | None = None):
   """The runtime callback of a synchronous call site (``after``: its last
-  operand only ordered it, and is dropped)."""
+  operand only ordered it, and is dropped; ``tally``: the runs of its
+  program it counts, see ``dispatch_hint``)."""
+  callback = _plain_sync_callback(target, contexts, result_avals, after)
+  if tally is None:
+    return callback  # (no wrapper: most sites pay nothing)
+  add = tally.add
+
+  def counted(*flat):
+    add()
+    return callback(*flat)
+  return counted
+
+
+def _plain_sync_callback(target, contexts, result_avals, after: bool):
   if isinstance(contexts, list):  # shard_map: the last operand names the
     def callback(*flat):          # calling device
       *flat, partition = flat
@@ -98,11 +118,12 @@ def _sync_callback(target, contexts, result_avals, after: bool):
 
 def emit_sync(ctx, target, contexts, token, operands, operand_avals,
               result_avals, op_sharding, *, has_side_effect: bool,
-              after: bool = False):
+              after: bool = False, tally=None):
   """Emits a call that runs the host function while the computation waits;
   returns ``(results, token)``."""
   call_ctx = ctx.replace(avals_in=operand_avals, avals_out=list(result_avals))
-  callback = _sync_callback(target, contexts, tuple(result_avals), after)
+  callback = _sync_callback(target, contexts, tuple(result_avals), after,
+                            tally)
   results, token, _ = _jax_private.emit_python_callback(
       call_ctx, callback, token, operands, operand_avals, list(result_avals),
       has_side_effect=has_side_effect, returns_token=token is not None,
