@@ -216,13 +216,25 @@ def test_tour_shows_and_runs_each_of_hostcalls_parts():
   out = proc.stdout
   titles = re.findall(r"^== \d\. (.*)$", out, re.M)
   assert [t.split(":")[0].split(",")[0].split(" ")[0] for t in titles] == [
-      "JAX's", "hostcall.jit", "progress", "metrics", "steering",
+      "JAX's", "hostcall.jit", "jax.jit", "progress", "metrics", "steering",
       "gradients", "the"]
   # Each step shows its snippet, then what it printed.
   assert ">>> @hostcall.jit" in out and ">>> for _ in hostcall.progress" in out
   assert "sorted on the host: [1. 2. 3.]" in out
   assert ("step sees x = 1.0\nstep sees x = 2.0\nstep sees x = 4.0\n"
           "x = 8.0\n") in out
+  # The same logging step under jax.jit and hostcall.jit, timed: the
+  # cliff (15x to 60x on the project's box; 2x at the least here).
+  times = {name: int(us) for name, us in re.findall(
+      r"^((?:jax|hostcall)\.jit[\w ,.]*): (\d+) us a step$", out, re.M)}
+  assert list(times) == ["jax.jit, no host call", "jax.jit with run.log",
+                         "hostcall.jit with run.log"], out
+  assert times["jax.jit with run.log"] > 2 * max(
+      times["hostcall.jit with run.log"], times["jax.jit, no host call"])
+  if times["jax.jit with run.log"] < 500:  # (the hint's pace, with room)
+    assert proc.stderr.count("SlowDispatchWarning: the jax.jit program "
+                             "called here ran") == 1, proc.stderr
+    assert "<hostcall tour, step 3>:12: " in proc.stderr
   assert re.search(r"^calls: 100%.* 2/2 \[", out, re.M)
   assert "[(0, 2.0), (1, 0.5), (2, 0.125)]" in out
   assert re.search(r"^stopped: True after 1\d00 steps, by stop_when$", out,

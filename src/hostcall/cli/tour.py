@@ -26,6 +26,29 @@ STEPS = [
         hostcall.barrier()   # waits for the prints
         print("x =", x)
         """),
+    ("jax.jit or hostcall.jit: the same logging step, timed in a loop",
+     """
+        import time
+        log = hostcall.metrics.Run("tour-loop", writers=["memory"])
+        def plain_step(w):
+          return w * 0.99
+        def train_step(w):
+          log.log({"loss": jnp.sum(w * w)})  # one metrics row a call
+          return w * 0.99
+        for name, step in (
+            ("jax.jit, no host call", jax.jit(plain_step)),
+            ("jax.jit with run.log", jax.jit(train_step)),
+            ("hostcall.jit with run.log", hostcall.jit(train_step))):
+          w = step(jnp.ones(16))  # compiled
+          hostcall.barrier()
+          start = time.perf_counter()
+          for _ in range(300):
+            w = step(w)       # under jax.jit, hostcall says once that it
+          hostcall.barrier()  # sees this loop (a SlowDispatchWarning)
+          spent = (time.perf_counter() - start) / 300 * 1e6
+          print(f"{name}: {spent:.0f} us a step")
+        log.close()
+        """),
     ("progress bars for compiled loops and for Python loops", """
         import io
         out = io.StringIO()  # (a terminal or notebook without file=)
