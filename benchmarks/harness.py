@@ -19,6 +19,7 @@ import json
 import pathlib
 import platform
 import tempfile
+import warnings
 
 import jax
 
@@ -58,6 +59,9 @@ def measure(steps: int, repeats: int) -> list[dict]:
   """Every row, measured against the same plain scan, each named with its
   target's number."""
   bench = Bench(steps, repeats)
+  # Some rows call a jax.jit program from a Python loop on purpose:
+  # hostcall's hint that hostcall.jit would be faster is not printed.
+  warnings.filterwarnings("ignore", category=hostcall.SlowDispatchWarning)
   rows = []
   for target, rows_of in ROWS:
     for r in rows_of(bench):
