@@ -62,6 +62,10 @@ def test_pages_name_venvs_that_exist():
   for page in ("README.md", "index.md", "getting-started.md",
                "applications.md"):  # the first hour's, and the metrics'
     assert named[page].split(",")[0] == "demo", page
+  # Every page with Python blocks says where they run (issue 54).
+  unnamed = sorted(name for name, venv in named.items() if venv is None)
+  assert not unnamed, (f"{unnamed} name no venv for their Python blocks: "
+                       "add <!-- venv: demo --> and say so on the page")
   for name, venv in named.items():
     assert venv is None or set(venv.split(",")) <= set(extras), name
 
