@@ -441,7 +441,8 @@ def test_asynchronous_taps_are_written_when_sigterm_exits(tmp_path):
   out = tmp_path / "taps.txt"
   child = subprocess.Popen(
       [sys.executable, "-c", textwrap.dedent(f"""
-          import faulthandler, signal, sys, jax, jax.numpy as jnp, hostcall
+          import faulthandler, signal, sys, time, jax, jax.numpy as jnp
+          import hostcall
           from hostcall import host_callback as hcb
           signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
           sink = open({str(out)!r}, "w")
@@ -453,7 +454,11 @@ def test_asynchronous_taps_are_written_when_sigterm_exits(tmp_path):
           print("ready", flush=True)
           # A hang on the way out shows every thread's stack.
           faulthandler.dump_traceback_later(50, exit=True)
-          signal.pause()
+          # Not signal.pause(): a SIGTERM that comes before the pause
+          # starts (the parent sends it on "ready") would leave it waiting
+          # for good; a sleep ends, and the handler runs after it.
+          while True:
+            time.sleep(0.05)
           """)],
       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
   assert child.stdout.readline().strip() == "ready"

@@ -157,7 +157,7 @@ def test_the_program_carries_no_effect(name):
   compiled = hostcall.jit(functools.partial(program, Log()))
   closed = jax.make_jaxpr(compiled._hostcall_jitted._active)(*args)
   assert not closed.effects
-  assert deferrable.analyse(jax.make_jaxpr(
+  assert deferrable.AS_OUTPUTS.analyse(jax.make_jaxpr(
       functools.partial(program, Log()))(*args)) is True
 
 
@@ -211,7 +211,7 @@ def test_calls_that_must_stay_live_leave_the_program_as_jax_jit_has_it(
                                 ordered=True)
 
   compiled = hostcall.jit(program)
-  assert deferrable.analyse(jax.make_jaxpr(program)(1.0)) is None
+  assert deferrable.AS_OUTPUTS.analyse(jax.make_jaxpr(program)(1.0)) is None
   assert jax.make_jaxpr(compiled._hostcall_jitted._active)(1.0).effects
   assert float(compiled(1.0)) == 1.0
   hostcall.barrier()
@@ -279,9 +279,9 @@ def test_taps_in_while_loops_and_conds(mode):
   assert _by_site(log.calls) == _by_site(expected_log.calls)
   assert jax.tree_util.tree_map(int, results) == jax.tree_util.tree_map(
       int, expected)
-  assert deferrable.analyse(jax.make_jaxpr(
-      functools.partial(_loops, Log()))(np.int32(1)),
-                           queued=queued) is (True if queued else None)
+  rules = deferrable.QUEUED if queued else deferrable.AS_OUTPUTS
+  assert rules.analyse(jax.make_jaxpr(functools.partial(_loops, Log()))(
+      np.int32(1))) is (True if queued else None)
   assert bool(jax.make_jaxpr(compiled._hostcall_jitted._active)(np.int32(1)).effects) is (
       not queued)
   assert (log.threads == {"hostcall-consumer"}) is queued
@@ -332,7 +332,8 @@ def test_a_pure_callback_with_results_stays_and_the_taps_are_deferred():
 def test_nothing_to_defer_is_jax_jit():
   compiled = hostcall.jit(lambda x: x * 2)
   assert float(compiled(3.0)) == 6.0
-  assert deferrable.analyse(jax.make_jaxpr(lambda x: x * 2)(1.0)) is False
+  assert deferrable.AS_OUTPUTS.analyse(
+      jax.make_jaxpr(lambda x: x * 2)(1.0)) is False
 
 
 def test_jit_arguments_static_donate_kwargs_decorator_and_methods():
@@ -643,8 +644,8 @@ def test_a_tap_in_a_checkpointed_function_keeps_the_program_live():
     return jax.grad(lambda v: jax.checkpoint(jnp.sin)(v).sum())(x)
 
   x = np.float32([0.0, 1.0])
-  assert deferrable.analyse(jax.make_jaxpr(program)(x)) is None
-  assert deferrable.analyse(jax.make_jaxpr(beside)(x)) is True
+  assert deferrable.AS_OUTPUTS.analyse(jax.make_jaxpr(program)(x)) is None
+  assert deferrable.AS_OUTPUTS.analyse(jax.make_jaxpr(beside)(x)) is True
   jax.jit(program)(x)
   hostcall.barrier()
   under_jax_jit, log.calls = log.calls, []

@@ -67,9 +67,9 @@ def test_same_host_calls_as_jax_jit(program):
 
 def test_a_global_view_program_is_deferred_and_a_per_device_one_is_not():
   x = _x()
-  assert deferrable.analyse(jax.make_jaxpr(
+  assert deferrable.AS_OUTPUTS.analyse(jax.make_jaxpr(
       functools.partial(_global_view, []))(x)) is True
-  assert deferrable.analyse(jax.make_jaxpr(
+  assert deferrable.AS_OUTPUTS.analyse(jax.make_jaxpr(
       functools.partial(_shard_mapped, []))(x)) is None
   log = []
   hostcall.jit(functools.partial(_global_view, log))(x)
@@ -129,7 +129,7 @@ def test_an_inlined_jit_keeps_the_shardings_it_gave():
     assert y.tolist() == [2.0 * i for i in range(8)]
   assert specs[0] == specs[1] == (P("i"), P("i"))
   assert seen == [list(np.arange(8.0))] * 2
-  assert deferrable.analyse(jax.make_jaxpr(outer)(x)) is True
+  assert deferrable.AS_OUTPUTS.analyse(jax.make_jaxpr(outer)(x)) is True
 
 
 def test_an_inlined_jit_on_a_mesh_of_explicit_axes_is_as_under_jax_jit():

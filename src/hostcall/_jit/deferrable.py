@@ -7,29 +7,13 @@ a ``cond`` branch)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 
 from hostcall import _jax_private
 from hostcall._core.primitive import hostcall_p
-
-
-def deferrable_call(eqn, queued: bool = False) -> bool:
-  """Whether the host call ``eqn`` may be taken out: queued from the
-  device (``queued``: its target is ``queueable``, and a call with results
-  has a ``queued_answer`` for the program), or as outputs (a result-less
-  call whose target is ``deferrable``)."""
-  params = eqn.params
-  target = params["target"]
-  if runs_live_without_effect(eqn, queued):
-    return True
-  if params["partitioned"] or not all(_packable(v.aval) for v in eqn.invars):
-    return False
-  answers = params["kind"] == "call" and params["result_avals"]
-  if queued:
-    return target.queueable and (not answers
-                                 or target.queued_answer is not None)
-  return not answers and target.deferrable
 
 
 def runs_live(eqn) -> bool:
@@ -48,12 +32,6 @@ def is_loop_body_call(eqn) -> bool:
   the host after the loop's checks, which must stop the loop at it."""
   return (eqn.primitive is hostcall_p and not runs_live(eqn)
           and not eqn.params["target"].loop_event)
-
-
-def runs_live_without_effect(eqn, queued: bool) -> bool:
-  """``runs_live`` in a queued program, on one device only (where a
-  partitioned call is one call too)."""
-  return queued and runs_live(eqn) and jax.device_count() == 1
 
 
 def _packable(aval) -> bool:
@@ -79,101 +57,138 @@ def physical(value, aval):
   return jnp.asarray(value, aval.dtype)
 
 
-def why_kept(eqn, queued: bool = False) -> str:
-  """Why ``keeps_live(eqn, queued)``: what about ``eqn`` keeps its
-  program as ``jax.jit`` compiles it, in words for the warning."""
-  name = eqn.primitive.name
-  if eqn.primitive is not hostcall_p:
-    if _calls_in_a_predicate(eqn, queued):
-      return "a while_loop whose predicate calls the host"
-    if name == "io_callback":
-      return ("an io_callback whose results the program uses (or with a "
-              "sharding), which must run in place")
-    if eqn.params.get("partitioned"):
-      return "a partitioned call (one per shard), which stays in the program"
-    if any(k.endswith("jaxpr") or k == "branches" for k in eqn.params):
-      name = {"remat2": "jax.checkpoint", "checkpoint": "jax.checkpoint",
-              "custom_jvp_call": "custom_jvp",
-              "custom_vjp_call": "custom_vjp"}.get(name, name)
-      return (f"the host calls (or other effects) inside a {name}, where "
-              "hostcall.jit takes none out")
-    effects = ", ".join(sorted({type(e).__name__ for e in eqn.effects}))
-    return f"an effect hostcall.jit cannot take out ({name}: {effects})"
-  params = eqn.params
-  if params["partitioned"]:
-    return "a partitioned call (one per shard), which stays in the program"
-  unpackable = [v.aval for v in eqn.invars if not _packable(v.aval)]
-  if unpackable:
-    return (f"its operand of dtype {unpackable[0].dtype}, which a program "
-            "cannot hand out as bytes to call the host later")
-  if params["kind"] == "call" and params["result_avals"]:
-    return "a call whose results the program uses, which must run in place"
-  return "a host call that must run where the program makes it"
-
-
 def is_jit(eqn) -> bool:
   return eqn.primitive.name in ("pjit", "jit") and "jaxpr" in eqn.params
 
 
-def analyse(jaxpr, queued: bool = False) -> bool | None:
-  """Whether ``jaxpr`` (a closed or open jaxpr) can be deferred: True if
-  it has deferrable host calls and nothing that must stay live (see the
-  module's docstring), False if it has nothing to defer, None if it has
-  host calls or effects that must run where they are. ``queued``: the
-  calls are to be queued from the device (``evaluate_threaded``), which
-  reaches the bodies of ``while_loop`` and the branches of ``cond`` too."""
-  found = False
-  for eqn in jaxpr_of(jaxpr).eqns:
-    if eqn.primitive is hostcall_p:
-      if deferrable_call(eqn, queued):
-        found = True
-        continue
-      if eqn.effects:
-        return None
-      continue  # a call without an effect: no order to keep
-    if _calls_in_a_predicate(eqn, queued):
-      return None
-    inners = _looked_into(eqn, queued)
-    if inners:
-      for inner in inners:
-        verdict = analyse(inner, queued)
-        if verdict is None:
+@dataclasses.dataclass(frozen=True)
+class Rules:
+  """What a route may take out of a program: queued from the device
+  (``queued``: ``hostcall._jit.threaded``, which reaches ``while_loop``
+  bodies and ``cond`` branches too, and runs a steered loop's events live
+  without an effect on one device), or as outputs (``evaluate``).
+
+  Attributes:
+    queued: the calls are queued from the device.
+  """
+
+  queued: bool
+
+  def deferrable_call(self, eqn) -> bool:
+    """Whether the host call ``eqn`` may be taken out: queued from the
+    device (``queued``: its target is ``queueable``, and a call with results
+    has a ``queued_answer`` for the program), or as outputs (a result-less
+    call whose target is ``deferrable``)."""
+    params = eqn.params
+    target = params["target"]
+    if self.runs_live_without_effect(eqn):
+      return True
+    if params["partitioned"] or not all(_packable(v.aval) for v in eqn.invars):
+      return False
+    answers = params["kind"] == "call" and params["result_avals"]
+    if self.queued:
+      return target.queueable and (not answers
+                                   or target.queued_answer is not None)
+    return not answers and target.deferrable
+
+  def runs_live_without_effect(self, eqn) -> bool:
+    """``runs_live`` in a queued program, on one device only (where a
+    partitioned call is one call too)."""
+    return self.queued and runs_live(eqn) and jax.device_count() == 1
+
+  def why_kept(self, eqn) -> str:
+    """Why ``keeps_live(eqn)``: what about ``eqn`` keeps its
+    program as ``jax.jit`` compiles it, in words for the warning."""
+    name = eqn.primitive.name
+    if eqn.primitive is not hostcall_p:
+      if self._calls_in_a_predicate(eqn):
+        return "a while_loop whose predicate calls the host"
+      if name == "io_callback":
+        return ("an io_callback whose results the program uses (or with a "
+                "sharding), which must run in place")
+      if eqn.params.get("partitioned"):
+        return "a partitioned call (one per shard), which stays in the program"
+      if any(k.endswith("jaxpr") or k == "branches" for k in eqn.params):
+        name = {"remat2": "jax.checkpoint", "checkpoint": "jax.checkpoint",
+                "custom_jvp_call": "custom_jvp",
+                "custom_vjp_call": "custom_vjp"}.get(name, name)
+        return (f"the host calls (or other effects) inside a {name}, where "
+                "hostcall.jit takes none out")
+      effects = ", ".join(sorted({type(e).__name__ for e in eqn.effects}))
+      return f"an effect hostcall.jit cannot take out ({name}: {effects})"
+    params = eqn.params
+    if params["partitioned"]:
+      return "a partitioned call (one per shard), which stays in the program"
+    unpackable = [v.aval for v in eqn.invars if not _packable(v.aval)]
+    if unpackable:
+      return (f"its operand of dtype {unpackable[0].dtype}, which a program "
+              "cannot hand out as bytes to call the host later")
+    if params["kind"] == "call" and params["result_avals"]:
+      return "a call whose results the program uses, which must run in place"
+    return "a host call that must run where the program makes it"
+
+  def analyse(self, jaxpr) -> bool | None:
+    """Whether ``jaxpr`` (a closed or open jaxpr) can be deferred: True if
+    it has deferrable host calls and nothing that must stay live (see the
+    module's docstring), False if it has nothing to defer, None if it has
+    host calls or effects that must run where they are. ``queued``: the
+    calls are to be queued from the device (``evaluate_threaded``), which
+    reaches the bodies of ``while_loop`` and the branches of ``cond`` too."""
+    found = False
+    for eqn in jaxpr_of(jaxpr).eqns:
+      if eqn.primitive is hostcall_p:
+        if self.deferrable_call(eqn):
+          found = True
+          continue
+        if eqn.effects:
           return None
-        found = found or verdict
-    elif eqn.effects:
-      return None
-  return found
+        continue  # a call without an effect: no order to keep
+      if self._calls_in_a_predicate(eqn):
+        return None
+      inners = self._looked_into(eqn)
+      if inners:
+        for inner in inners:
+          verdict = self.analyse(inner)
+          if verdict is None:
+            return None
+          found = found or verdict
+      elif eqn.effects:
+        return None
+    return found
+
+  def keeps_live(self, eqn) -> bool:
+    """Whether ``eqn`` itself (not a jaxpr inside it) is what makes
+    ``analyse`` keep a program as it is: an effectful host call that cannot
+    be deferred, or another effect ``analyse`` does not look into."""
+    if eqn.primitive is hostcall_p:
+      return bool(eqn.effects) and not self.deferrable_call(eqn)
+    return bool(eqn.effects) and (not self._looked_into(eqn)
+                                  or self._calls_in_a_predicate(eqn))
+
+  def _looked_into(self, eqn) -> list:
+    """The jaxprs ``analyse`` reads inside ``eqn``: a nested ``jit``'s, a
+    ``scan``'s body, and, queued, a ``while_loop``'s body and a ``cond``'s
+    branches; [] for any other equation."""
+    if is_jit(eqn) or (eqn.primitive.name == "scan"
+                        and scan_layout(eqn) is not None):
+      return [eqn.params["jaxpr"]]
+    if self.queued and eqn.primitive.name == "while":
+      return [eqn.params["body_jaxpr"]]
+    if self.queued and eqn.primitive.name == "cond":
+      return list(eqn.params["branches"])
+    return []
+
+  def _calls_in_a_predicate(self, eqn) -> bool:
+    """Whether ``eqn`` is a queued ``while_loop`` whose predicate calls the
+    host: the predicate stays as it is, so it may not."""
+    return (self.queued and eqn.primitive.name == "while"
+            and self.analyse(eqn.params["cond_jaxpr"]) is not False)
 
 
-def keeps_live(eqn, queued: bool = False) -> bool:
-  """Whether ``eqn`` itself (not a jaxpr inside it) is what makes
-  ``analyse`` keep a program as it is: an effectful host call that cannot
-  be deferred, or another effect ``analyse`` does not look into."""
-  if eqn.primitive is hostcall_p:
-    return bool(eqn.effects) and not deferrable_call(eqn, queued)
-  return bool(eqn.effects) and (not _looked_into(eqn, queued)
-                                or _calls_in_a_predicate(eqn, queued))
-
-
-def _looked_into(eqn, queued: bool) -> list:
-  """The jaxprs ``analyse`` reads inside ``eqn``: a nested ``jit``'s, a
-  ``scan``'s body, and, queued, a ``while_loop``'s body and a ``cond``'s
-  branches; [] for any other equation."""
-  if is_jit(eqn) or (eqn.primitive.name == "scan"
-                      and scan_layout(eqn) is not None):
-    return [eqn.params["jaxpr"]]
-  if queued and eqn.primitive.name == "while":
-    return [eqn.params["body_jaxpr"]]
-  if queued and eqn.primitive.name == "cond":
-    return list(eqn.params["branches"])
-  return []
-
-
-def _calls_in_a_predicate(eqn, queued: bool) -> bool:
-  """Whether ``eqn`` is a queued ``while_loop`` whose predicate calls the
-  host: the predicate stays as it is, so it may not."""
-  return (queued and eqn.primitive.name == "while"
-          and analyse(eqn.params["cond_jaxpr"], queued) is not False)
+#: The rules of the routes that queue calls from the device, and of those
+#: that make them outputs.
+QUEUED = Rules(queued=True)
+AS_OUTPUTS = Rules(queued=False)
 
 
 def jaxpr_of(jaxpr):

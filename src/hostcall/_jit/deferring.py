@@ -162,6 +162,7 @@ def evaluate_threaded(closed_jaxpr, args: Sequence,
 def _evaluate(jaxpr, consts, args, recorder: _Recorder) -> list:
   env: dict = {}
   queued = recorder.queued
+  rules = deferrable.QUEUED if queued else deferrable.AS_OUTPUTS
 
   def read(atom):
     return atom.val if isinstance(atom, jex_core.Literal) else env[atom]
@@ -175,30 +176,30 @@ def _evaluate(jaxpr, consts, args, recorder: _Recorder) -> list:
     write(var, value)
   for eqn in jaxpr.eqns:
     invals = [read(v) for v in eqn.invars]
-    if eqn.primitive is hostcall_p and deferrable.runs_live_without_effect(eqn,
-                                                                  queued):
+    name = eqn.primitive.name
+    if eqn.primitive is hostcall_p and rules.runs_live_without_effect(eqn):
       outs = recorder.live(eqn, invals)
-    elif eqn.primitive is hostcall_p and deferrable.deferrable_call(eqn, queued):
+    elif eqn.primitive is hostcall_p and rules.deferrable_call(eqn):
       recorder.record(eqn, invals)
       if eqn.params["kind"] == "tap":
         outs = invals
       else:  # no results, or what a queued call answers (queued_answer)
         outs = [jnp.full(v.aval.shape, eqn.params["target"].queued_answer,
                          v.aval.dtype) for v in eqn.outvars]
-    elif deferrable.is_jit(eqn) and deferrable.analyse(eqn.params["jaxpr"], queued):
+    elif deferrable.is_jit(eqn) and rules.analyse(eqn.params["jaxpr"]):
       inner = eqn.params["jaxpr"]
       outs = _constrained(_evaluate(
           deferrable.jaxpr_of(inner), inner.consts,
           _constrained(invals, eqn.params.get("in_shardings")), recorder),
           eqn.params.get("out_shardings"))
-    elif (eqn.primitive.name == "scan" and deferrable.scan_layout(eqn) is not None
-          and deferrable.analyse(eqn.params["jaxpr"], queued)):
+    elif (name == "scan" and deferrable.scan_layout(eqn) is not None
+          and rules.analyse(eqn.params["jaxpr"])):
       outs = _scan(eqn, invals, recorder)
-    elif (queued and eqn.primitive.name == "while"
-          and deferrable.analyse(eqn.params["body_jaxpr"], queued)):
+    elif (queued and name == "while"
+          and rules.analyse(eqn.params["body_jaxpr"])):
       outs = _while(eqn, invals, recorder)
-    elif (queued and eqn.primitive.name == "cond"
-          and any(deferrable.analyse(b, queued) for b in eqn.params["branches"])):
+    elif (queued and name == "cond"
+          and any(rules.analyse(b) for b in eqn.params["branches"])):
       outs = _cond(eqn, invals, recorder)
     elif queued and eqn.primitive is hostcall_p:
       # A host call left in place (a pure callback) runs after the queued

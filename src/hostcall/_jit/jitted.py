@@ -287,7 +287,7 @@ class Jitted:
          dynamic_kwargs))
     return closed, values, jax.tree_util.tree_structure(shapes)
 
-  def _deferrable(self, closed, queued: bool):
+  def _deferrable(self, closed, rules: deferrable.Rules):
     """The program to defer the host calls of (``closed``, JAX's own
     callbacks made hostcall's), or None where it must run as it is; then
     says once which call kept it so. Across processes, None: each process
@@ -296,9 +296,9 @@ class Jitted:
     if jax.process_count() > 1:
       return None
     rewritten = jax_callbacks.as_hostcalls(closed)
-    verdict = deferrable.analyse(rewritten, queued=queued)
+    verdict = rules.analyse(rewritten)
     body_call = None
-    if (verdict and queued
+    if (verdict and rules.queued
         and jax_callbacks.first_kept(rewritten, deferrable.runs_live)):
       body_call = jax_callbacks.first_kept(rewritten,
                                            deferrable.is_loop_body_call)
@@ -313,15 +313,16 @@ class Jitted:
           "failure would reach the host after the loop's checks, which "
           "must stop the loop at it. A steered loop alone (a bar, a time "
           "limit, a predicate) takes the fast path; see "
-          "docs/performance.md.", HostcallJitWarning, stacklevel=_user_stacklevel())
+          "docs/performance.md.", HostcallJitWarning,
+          stacklevel=_user_stacklevel())
       return None
     if verdict is None and not self._warned:
       self._warned = True
       rewritable = jax_callbacks.picker(rewritten)
       kept = jax_callbacks.first_kept(
-          rewritten, lambda eqn: (deferrable.keeps_live(eqn, queued)
+          rewritten, lambda eqn: (rules.keeps_live(eqn)
                                   and not rewritable(eqn)),
-          why=lambda eqn: deferrable.why_kept(eqn, queued))
+          why=rules.why_kept)
       warnings.warn(
           f"hostcall.jit: {getattr(self._fun, '__name__', 'the function')}"
           f" runs as jax.jit runs it, its host calls inside the program "
@@ -344,13 +345,13 @@ class Jitted:
       outs = self._fun(*args, **kwargs)
       return (outs, None) if keep else outs
     closed, values, out_tree = self._trace(args, kwargs)
-    deferrable = self._deferrable(closed, queued=True)
+    program = self._deferrable(closed, deferrable.QUEUED)
     last = None
-    if deferrable is not None and keep:
-      outs, last = deferring.evaluate_threaded(deferrable, values,
+    if program is not None and keep:
+      outs, last = deferring.evaluate_threaded(program, values,
                                                keep_order=True)
-    elif deferrable is not None:
-      outs = deferring.evaluate_threaded(deferrable, values)
+    elif program is not None:
+      outs = deferring.evaluate_threaded(program, values)
     else:
       outs = jax.extend.core.jaxpr_as_fun(closed)(*values)
     outs = jax.tree_util.tree_unflatten(out_tree, outs)
@@ -360,12 +361,12 @@ class Jitted:
     if _jax_private.is_top_level():  # (see _traced_queueing)
       return self._fun(*args, **kwargs), _DeferredOutputs([], None)
     closed, values, out_tree = self._trace(args, kwargs)
-    deferrable = self._deferrable(closed, queued=False)
-    if deferrable is None:
+    program = self._deferrable(closed, deferrable.AS_OUTPUTS)
+    if program is None:
       outs = jax.extend.core.jaxpr_as_fun(closed)(*values)
       return (jax.tree_util.tree_unflatten(out_tree, outs),
               _DeferredOutputs([], None))
-    outs, extra, nodes = deferring.evaluate(deferrable, values)
+    outs, extra, nodes = deferring.evaluate(program, values)
     packs, plan = replay_plan.pack(extra, nodes)
     if marked:
       marker.bind(self._key)
