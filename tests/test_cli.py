@@ -271,6 +271,11 @@ def test_benchmark_smoke_run(tmp_path):
   # device side and that against XLA's floor are rows of their own.
   assert "7. progress bar + per-step metrics under hostcall.jit" in proc.stdout
   assert "7. ... under hostcall.jit, device side / the floor" in proc.stdout
+  # Issue 54: a bar showing the step's loss, against the same bar (its
+  # target: 0.02x over it); and no hint that hostcall.jit would be faster
+  # from the jax.jit loops some rows measure on purpose.
+  assert "7. progress bar + set_postfix(loss) / the bar alone" in proc.stdout
+  assert "SlowDispatchWarning" not in proc.stderr
   assert "9. interruptible loop, no bar (Ctrl-C, time limit)" in proc.stdout
   assert "9. ... stopped by a host predicate (stop_when)" in proc.stdout
   assert "10. grad_callback a step under grad, async" in proc.stdout
