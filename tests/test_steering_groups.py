@@ -17,7 +17,8 @@ import pytest
 import hostcall
 from hostcall import host_callback as hcb
 from hostcall._apps.control import (FAILED, STOP_WHEN, Stop, host,
-                                    native as library, states)
+                                    stop_states_library as library,
+                                    states)
 from hostcall._core.context import make_context
 
 KEY = ("site", 0)  # the invocation's (site, index)

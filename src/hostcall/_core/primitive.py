@@ -91,7 +91,7 @@ def bind(flat_args: Sequence, *, target: HostTarget, kind: str,
     device_index, sharding: which device calls, under a global view of
       several devices.
     delivery: ``"sync"`` or ``"async"``; None: the one the target asks for
-      (``HostTarget.delivery``), else the one in force (see
+      (``Schedule.delivery``), else the one in force (see
       ``hostcall.set_delivery``). A call with results is always synchronous.
     partitioned: one call per shard instead of one with the gathered value.
 
@@ -102,7 +102,7 @@ def bind(flat_args: Sequence, *, target: HostTarget, kind: str,
     raise ValueError(f"kind must be one of {_KINDS}, got {kind!r}")
   effect_of(ordering)  # refuses an unknown ordering
   if delivery is None:  # the target's own, else the one in force
-    delivery = target.delivery
+    delivery = target.schedule.delivery
   delivery = (deliveries.current() if delivery is None
               else deliveries.check(delivery))
   if delivery == "async" and result_avals:

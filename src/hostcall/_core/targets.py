@@ -61,8 +61,70 @@ class KeyedFields:
                            else (how or hash_key)(value))
 
 
-#: A target's ``schedule`` values, strictest first.
+#: When the host may see a call (``Schedule.when``), strictest first.
 SCHEDULES = ("live", "queued", "deferred", "buffered")
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+  """When and how the host sees a target's calls: one declared value a
+  target (``HostTarget.schedule``), from which every decision about it is
+  read.
+
+  Attributes:
+    when: from the strictest to the loosest (each allows what the ones
+      before it allow; see ``SCHEDULES``):
+
+      * ``"live"``: as the program runs, the program waiting for it (a
+        steered loop's check, whose answer the loop reads);
+      * ``"queued"``: also queued from the device without a JAX effect
+        (``hostcall.jit``'s queued route, ``_jit/threaded``), delivered
+        while the program runs, in program order (a progress bar's tick);
+      * ``"deferred"``: also delivered once the program is done, from its
+        outputs (``hostcall.jit``'s outputs route, ``_jit/deferring``);
+      * ``"buffered"``: also gathered over K steps by ``hostcall.scan``
+        and delivered a chunk at a time (the default: taps, metrics).
+    answer: for a call with results: the value each result holds in the
+      program when ``hostcall.jit`` queues the call instead of waiting for
+      it (the host function still gets the call, later); None: it must be
+      waited for. A bar's open answers -1, "this device's latest
+      invocation".
+    live_without_effect: for a ``"live"`` call: whether ``hostcall.jit``,
+      queueing a program's other calls on one device, may run this one
+      live without a JAX effect, ordered by the value threaded through the
+      program instead (``_jit/threaded``), so that the program still takes
+      JAX's fast path: a chunked loop's open, pace and finish, which its
+      host side expects while other calls of the program are still queued.
+    loop_event: whether the call is one of a chunked loop's own events (its
+      open, ticks, pace, finish), not a call its body makes:
+      ``hostcall.jit`` queues a steered loop's events beside a body that
+      makes no call.
+    asks_first: for such a call without results: the target's
+      ``ask_first(*operands)``, staged before it, a traced int32, says
+      whether the host function must still run (not 0); it then runs only
+      then (a steered loop's finish: the device ends the loop itself and
+      asks the host only to raise a failure).
+    delivery: the delivery the target asks for (``"async"`` for taps whose
+      host side never needs to run before the computation goes on); None:
+      the delivery in force when traced. ``hostcall.scan`` flushes
+      asynchronously when every tap of its chunk asks for it.
+    inline_outside_jit: called outside ``jit``, whether the host function
+      runs right away in the calling thread (JAX's debug callbacks) rather
+      than from a compiled call.
+  """
+
+  when: str = "buffered"
+  answer: int | None = None
+  live_without_effect: bool = False
+  loop_event: bool = False
+  asks_first: bool = False
+  delivery: str | None = None
+  inline_outside_jit: bool = False
+
+  def __post_init__(self):
+    if self.when not in SCHEDULES:
+      raise ValueError(f"a schedule's when is one of {SCHEDULES}; got "
+                       f"{self.when!r}")
 
 
 class HostTarget(KeyedFields):
@@ -73,70 +135,31 @@ class HostTarget(KeyedFields):
   #: ``"postpone"``: it is logged and raised by the next barrier.
   on_error: str = "fail"
 
-  #: When the host may see this call, from the strictest to the loosest
-  #: (each allows what the ones before it allow; see ``SCHEDULES``):
-  #:
-  #: * ``"live"``: as the program runs, the program waiting for it (a
-  #:   steered loop's check, whose answer the loop reads);
-  #: * ``"queued"``: also queued from the device without a JAX effect
-  #:   (``hostcall.jit``'s queued route, ``_jit/threaded``), delivered
-  #:   while the program runs, in program order (a progress bar's tick);
-  #: * ``"deferred"``: also delivered once the program is done, from its
-  #:   outputs (``hostcall.jit``'s outputs route, ``_jit/deferring``);
-  #: * ``"buffered"``: also gathered over K steps by ``hostcall.scan`` and
-  #:   delivered a chunk at a time (the default: taps, metrics).
-  schedule: str = "buffered"
+  #: When and how the host sees this target's calls (a class attribute, or
+  #: a property where a field decides it).
+  schedule: Schedule = Schedule()
 
   @property
   def bufferable(self) -> bool:
     """Whether ``hostcall.scan`` may gather this call over K steps."""
-    return SCHEDULES.index(self.schedule) >= SCHEDULES.index("buffered")
+    return (SCHEDULES.index(self.schedule.when)
+            >= SCHEDULES.index("buffered"))
 
   @property
   def deferrable(self) -> bool:
     """Whether ``hostcall.jit`` may deliver this call from its outputs."""
-    return SCHEDULES.index(self.schedule) >= SCHEDULES.index("deferred")
+    return (SCHEDULES.index(self.schedule.when)
+            >= SCHEDULES.index("deferred"))
 
   @property
   def queueable(self) -> bool:
     """Whether ``hostcall.jit`` may queue this call from the device."""
-    return SCHEDULES.index(self.schedule) >= SCHEDULES.index("queued")
+    return SCHEDULES.index(self.schedule.when) >= SCHEDULES.index("queued")
 
-  #: For a call with results: the value each result holds in the program
-  #: when ``hostcall.jit`` queues the call instead of waiting for it (the
-  #: host function still gets the call, later); None: it must be waited
-  #: for. A bar's open answers -1, "this device's latest invocation".
-  queued_answer: int | None = None
-
-  #: For a ``"live"`` call: whether ``hostcall.jit``, queueing a program's
-  #: other calls on one device, may run this one live without a JAX
-  #: effect, ordered by the value threaded through the program instead
-  #: (``_jit/threaded``), so that the program still takes JAX's fast path:
-  #: a chunked loop's open, pace and finish, which its host side expects
-  #: while other calls of the program are still queued.
-  live_without_effect: bool = False
-
-  #: Whether the call is one of a chunked loop's own events (its open,
-  #: ticks, pace, finish), not a call its body makes: ``hostcall.jit``
-  #: queues a steered loop's events beside a body that makes no call.
-  loop_event: bool = False
-
-  #: For such a call without results: ``ask_first(*operands)``, staged
-  #: before it, a traced int32 that says whether the host function must
-  #: still run (not 0); it then runs only then (a steered loop's finish:
-  #: the device ends the loop itself and asks the host only to raise a
-  #: failure). None: it always runs.
-  ask_first: Callable | None = None
-
-  #: The delivery this target asks for (``"async"`` for taps whose host side
-  #: never needs to run before the computation goes on); None: the delivery
-  #: in force when traced. ``hostcall.scan`` flushes asynchronously when
-  #: every tap of its chunk asks for it.
-  delivery: str | None = None
-
-  #: Called outside ``jit``, whether the host function runs right away in the
-  #: calling thread (JAX's debug callbacks) rather than from a compiled call.
-  inline_outside_jit: bool = False
+  def ask_first(self, *operands):
+    """Where ``schedule.asks_first``: a traced int32, not 0 where the host
+    function must still run (see ``Schedule``)."""
+    raise NotImplementedError(f"{self!r} asks nothing first")
 
   #: Whether a failure of this call may be contained (see
   #: ``calls.set_containment``): held back while the loop that runs it

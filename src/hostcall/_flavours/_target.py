@@ -11,7 +11,8 @@ import numpy as np
 
 from hostcall import _jax_private
 from hostcall._core.context import CallContext
-from hostcall._core.targets import (VECTORISED, CallTarget, call_per_element,
+from hostcall._core.targets import (VECTORISED, CallTarget, Schedule,
+                                   call_per_element,
                                     is_positional, key_of, target)
 from hostcall._core import results
 
@@ -24,6 +25,8 @@ _JAX_NAMES = {"debug_callback": "jax.debug.callback",
 #: Flavours called for their effect, as JAX's debug callbacks (the grad
 #: flavours' calls are debug callbacks of the backward pass).
 _DEBUG_LIKE = ("debug_callback", "debug_print", "grad_callback", "grad_print")
+# Called outside jit, JAX's debug callbacks run right away.
+_INLINE, _DEFAULT = Schedule(inline_outside_jit=True), Schedule()
 _GATABLE = (*_DEBUG_LIKE, "io_callback")
 
 
@@ -62,8 +65,8 @@ class CallbackTarget(CallTarget):
     return "debug" if self.flavour in _DEBUG_LIKE else "again"
 
   @property
-  def inline_outside_jit(self) -> bool:
-    return self.flavour in _DEBUG_LIKE
+  def schedule(self) -> Schedule:
+    return _INLINE if self.flavour in _DEBUG_LIKE else _DEFAULT
 
   @property
   def gatable(self) -> bool:

@@ -18,10 +18,10 @@ from hostcall._core.primitive import hostcall_p
 
 def runs_live(eqn) -> bool:
   """Whether ``eqn`` is a host call that a queued program runs live
-  without a JAX effect (``HostTarget.live_without_effect``: a steered
+  without a JAX effect (``Schedule.live_without_effect``: a steered
   loop's), where it runs on one device."""
   target = eqn.params.get("target")
-  return (eqn.primitive is hostcall_p and target.live_without_effect
+  return (eqn.primitive is hostcall_p and target.schedule.live_without_effect
           and not target.queueable)
 
 
@@ -31,7 +31,7 @@ def is_loop_body_call(eqn) -> bool:
   program stays as ``jax.jit`` has it: a queued call's failure would reach
   the host after the loop's checks, which must stop the loop at it."""
   return (eqn.primitive is hostcall_p and not runs_live(eqn)
-          and not eqn.params["target"].loop_event)
+          and not eqn.params["target"].schedule.loop_event)
 
 
 def _packable(aval) -> bool:
@@ -77,7 +77,7 @@ class Rules:
   def deferrable_call(self, eqn) -> bool:
     """Whether the host call ``eqn`` may be taken out: queued from the
     device (``queued``: its target is ``queueable``, and a call with results
-    has a ``queued_answer`` for the program), or as outputs (a result-less
+    has an ``answer`` for the program), or as outputs (a result-less
     call whose target is ``deferrable``)."""
     params = eqn.params
     target = params["target"]
@@ -88,7 +88,7 @@ class Rules:
     answers = params["kind"] == "call" and params["result_avals"]
     if self.queued:
       return target.queueable and (not answers
-                                   or target.queued_answer is not None)
+                                   or target.schedule.answer is not None)
     return not answers and target.deferrable
 
   def runs_live_without_effect(self, eqn) -> bool:

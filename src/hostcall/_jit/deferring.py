@@ -9,7 +9,7 @@ evaluated again with each such call rebound one of two ways:
   JAX effect, ordered by a value threaded from call to call, through
   ``lax.scan`` and ``while_loop`` carries and ``cond`` branches; a target
   that is ``queueable`` may be (a progress bar's events too), and a call
-  with results whose target has a ``queued_answer`` gives the program
+  with results whose target has an ``answer`` gives the program
   that value (a bar's open: "this device's latest invocation");
 * as outputs (``evaluate``, elsewhere): each call's operands become extra
   outputs of the program, packed into one flat buffer of bytes, and a
@@ -105,12 +105,12 @@ class _Recorder:
           transforms=params["transforms"],
           device_index=params["device_index"],
           result_avals=params["result_avals"])
-    ask_first = params["target"].ask_first
-    if ask_first is None or params["result_avals"]:
+    target = params["target"]
+    if not target.schedule.asks_first or params["result_avals"]:
       self._order, results = call(self.order)
       return results
     # The device answers first; the host function runs only where it asks.
-    self._order = jax.lax.cond(ask_first(*operands) != 0,
+    self._order = jax.lax.cond(target.ask_first(*operands) != 0,
                                lambda order: call(order)[0],
                                lambda order: order, self.order)
     return []
@@ -183,8 +183,8 @@ def _evaluate(jaxpr, consts, args, recorder: _Recorder) -> list:
       recorder.record(eqn, invals)
       if eqn.params["kind"] == "tap":
         outs = invals
-      else:  # no results, or what a queued call answers (queued_answer)
-        outs = [jnp.full(v.aval.shape, eqn.params["target"].queued_answer,
+      else:  # no results, or what a queued call answers (``Schedule.answer``)
+        outs = [jnp.full(v.aval.shape, eqn.params["target"].schedule.answer,
                          v.aval.dtype) for v in eqn.outvars]
     elif deferrable.is_jit(eqn) and rules.analyse(eqn.params["jaxpr"]):
       inner = eqn.params["jaxpr"]

@@ -133,8 +133,8 @@ def tally_for(ctx, target, *, answers: bool, per_device: bool
   if program is None:
     return None
   # As hostcall.jit's deferring judges a call it would take out.
-  taken = target.live_without_effect or (target.queueable and (
-      not answers or target.queued_answer is not None))
+  taken = target.schedule.live_without_effect or (target.queueable and (
+      not answers or target.schedule.answer is not None))
   if not taken or per_device:  # (one a device: not judged, no hint)
     program.kept = True  # hostcall.jit would keep this program as it is
   if answers or per_device or not target.deferrable or _in_a_loop():

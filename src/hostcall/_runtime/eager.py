@@ -26,7 +26,7 @@ def _compiled(**params):
 
 
 def _impl(*args, **params):
-  if jax.config.jax_disable_jit or params["target"].inline_outside_jit:
+  if jax.config.jax_disable_jit or params["target"].schedule.inline_outside_jit:
     return _run_inline(*args, **params)
   # Outside jit we still compile: the host function then runs from the same
   # runtime thread, sequenced by the same effect tokens, as inside jit.

@@ -29,7 +29,8 @@ from hostcall._apps.loops import tick_values
 from hostcall._runtime import calls
 from hostcall._core.effects import ORDERED
 from hostcall._core.context import CallContext, make_context, swap_call_context
-from hostcall._core.targets import PostponingTarget, Steps, target
+from hostcall._core.targets import (PostponingTarget, Schedule, Steps,
+                                   target)
 
 
 @target
@@ -48,9 +49,6 @@ class FlushTarget(PostponingTarget):
   _contexts_cache: dict = dataclasses.field(default_factory=dict,
                                             compare=False)
 
-  # An enclosing hostcall.scan does not gather it (it flushes its own
-  # chunks), and hostcall.jit may defer it (its taps are all bufferable).
-  schedule = "deferred"
 
   @classmethod
   def of(cls, signature: list) -> "FlushTarget":
@@ -60,10 +58,13 @@ class FlushTarget(PostponingTarget):
                tuple(d for _, _, d in signature))
 
   @property
-  def delivery(self) -> str:
-    # The chunk goes asynchronously when every tap in it asked to.
-    return ("async" if all(d == "async" for d in self.deliveries)
-            else "sync")
+  def schedule(self) -> Schedule:
+    # An enclosing hostcall.scan does not gather it (it flushes its own
+    # chunks), and hostcall.jit may defer it (its taps are all
+    # bufferable); the chunk goes asynchronously when every tap in it
+    # asked to.
+    return Schedule(when="deferred", delivery=(
+        "async" if all(d == "async" for d in self.deliveries) else "sync"))
 
   def __repr__(self):
     return f"buffered_taps({list(self.targets)!r})"

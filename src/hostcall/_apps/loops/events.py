@@ -24,6 +24,7 @@ from hostcall import _jax_private
 from hostcall._apps.loops import invocations as _loops, steerer as _steerer
 from hostcall._apps.loops.waiting_operand import data_leaves, waiting_operand
 from hostcall._core import CallTarget, PostponingTarget, bind, target
+from hostcall._core.targets import Schedule
 from hostcall._core.context import delivering_asynchronously
 
 # Targets ---------------------------------------------------------------------
@@ -35,9 +36,9 @@ class _BarEvent:
   differentiate."""
 
   remat = "once"
-  #: One of a chunked loop's own events (``deferring`` tells them from the
-  #: calls a loop's body makes).
-  loop_event = True
+  #: One of a chunked loop's own events (``loop_event``: ``deferrable``
+  #: tells them from the calls a loop's body makes).
+  schedule = Schedule(loop_event=True)
 
   def __repr__(self):
     return f"progress.{type(self).__name__.lstrip('_').lower()}({self.site})"
@@ -49,8 +50,7 @@ class _BarQuestion(_BarEvent, CallTarget):
   loop's computation)."""
 
   site: int
-  schedule = "live"
-  live_without_effect = True
+  schedule = Schedule(when="live", live_without_effect=True, loop_event=True)
 
   def vmap_method(self) -> str:
     return "broadcast_all"
@@ -79,8 +79,15 @@ def _first(value, default: int) -> int:
   return int(value[0]) if value.size else default
 
 
-#: The handle a queued open gives its loop (``_Open.queued_answer``).
+#: The handle a queued open gives its loop (``_Open.schedule.answer``).
 LATEST = -1
+
+#: The schedules of the events queued by hostcall.jit (a bar's open among
+#: them, answering LATEST), and of a bar's pace (a steered loop's runs live
+#: without an effect: ``Pace.steered``).
+_QUEUED_EVENT = Schedule(when="queued", loop_event=True)
+_QUEUED_OPEN = Schedule(when="queued", answer=LATEST, loop_event=True)
+_LIVE_PACE = Schedule(when="live", loop_event=True)
 
 
 def _resolved(handle, site: int, context) -> int:
@@ -105,12 +112,10 @@ class _Open(_BarQuestion):
   # the handle): the loop gets LATEST, the ticks and the close find the
   # handle the open got, the queue keeping them in order.
   @property
-  def schedule(self) -> str:
-    return "queued" if self.stop is None else "live"
-
-  @property
-  def queued_answer(self) -> int | None:
-    return LATEST if self.stop is None else None
+  def schedule(self) -> Schedule:
+    if self.stop is None:
+      return _QUEUED_OPEN
+    return _BarQuestion.schedule
 
   def deliver(self, flat_args, context):
     total = _first(flat_args[0], -1)
@@ -132,7 +137,7 @@ class _Close(_BarTap):
   loop's last tick, where nothing the loop computes keeps it after)."""
 
   postfix: tuple = ()
-  schedule = "queued"
+  schedule = _QUEUED_EVENT
 
   def deliver(self, flat_args, context):
     handle, count, _, *rest = flat_args
@@ -156,7 +161,7 @@ class _Tick(_BarTap):
   (``tick_values.layout_of``), one operand each that is not a text."""
 
   postfix: tuple = ()
-  schedule = "queued"
+  schedule = _QUEUED_EVENT
 
   def deliver(self, flat_args, context):
     handle, count, _, *rest = flat_args
@@ -251,7 +256,7 @@ class Step(_BarTap):
   ``postfix`` as for a tick."""
 
   postfix: tuple = ()
-  delivery = "async"
+  schedule = Schedule(loop_event=True, delivery="async")
 
   def deliver(self, flat_args, context):
     self._step(1, _split(self.postfix, flat_args[1:])[0], context)
@@ -288,8 +293,8 @@ class Pace(_BarQuestion):
   containable = False
 
   @property
-  def live_without_effect(self) -> bool:
-    return self.steered
+  def schedule(self) -> Schedule:
+    return _BarQuestion.schedule if self.steered else _LIVE_PACE
 
   def deliver(self, flat_args, context):
     steps = _loops.invocations.pace(
@@ -304,6 +309,8 @@ class _Finish(_BarQuestion):
   raises the failure its loop contained, if any."""
 
   containable = False  # raises what was contained
+  schedule = Schedule(when="live", live_without_effect=True, loop_event=True,
+                      asks_first=True)
 
   def ask_first(self, handle, reason):
     # Under hostcall.jit the device ends the loop itself; the host runs

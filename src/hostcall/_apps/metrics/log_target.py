@@ -14,6 +14,7 @@ import numpy as np
 from hostcall._apps.metrics.block import Block
 from hostcall._apps.metrics.sink import RunSink
 from hostcall._core import PostponingTarget, target as _target
+from hostcall._core.targets import Schedule
 
 
 @_target
@@ -33,7 +34,7 @@ class LogTarget(PostponingTarget):
   #: Every metric's name, in the order given (``names`` and the texts').
   order: tuple = ()
 
-  delivery = "async"  # the device never waits for the writers
+  schedule = Schedule(delivery="async")  # the device never waits for writers
   remat = "once"  # a rematerialised step must not log its rows twice
 
   def __repr__(self):
