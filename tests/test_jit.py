@@ -625,7 +625,9 @@ def test_a_scans_deferred_values_are_stacked_on_the_device(mode):
   for length in (1, 100, 1000):
     _, extra = jax.eval_shape(compiled._hostcall_jitted._deferring,
                               jnp.zeros(length, jnp.float32))
-    assert [p.shape for p in extra.packs] == [(length * 8,)]
+    # One buffer of the length's values (packed in words of 4 bytes).
+    assert [(p.shape, p.dtype) for p in extra.packs] == [
+        ((length * 2,), jnp.uint32)]
 
 
 def test_a_tap_in_a_checkpointed_function_keeps_the_program_live():

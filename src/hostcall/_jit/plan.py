@@ -14,6 +14,7 @@ import numpy as np
 
 from hostcall._core.context import make_context
 from hostcall._core.targets import HostTarget, Steps
+from hostcall._jit import packing
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +78,7 @@ class Plan:
     if contexts is None:
       contexts = self._contexts[devices] = {}
     rows = np.stack(packed) if len(packed) > 1 else packed[0][None]
+    rows = rows.view(np.uint8)  # (a pack is of words: read as bytes)
     # Each value of every call at once: (calls, *shape).
     columns = [_uncarried(rows[:, start:stop], carrier, shape, dtype)
                for start, stop, carrier, shape, dtype in self.slots]
@@ -128,23 +130,26 @@ def _replay(nodes, values, devices, run, contexts) -> None:
 
 
 def pack(values: Sequence, nodes: tuple) -> tuple[list, Plan]:
-  """Packs the deferred ``values`` into one flat array of bytes (the host
-  fetches one buffer per call); returns ``([pack], plan)``."""
-  pieces, slots, used = [], [], 0
+  """Packs the deferred ``values`` into one flat array of words (the host
+  fetches one buffer per call, and reads it as bytes); returns
+  ``([pack], plan)``."""
+  if not values:
+    return [jnp.zeros((0,), jnp.uint8)], Plan(nodes, ())
+  carried = []
   for value in values:
     dtype = np.dtype(value.dtype)
     carrier, value = _carried(value, dtype)
-    raw = jnp.ravel(_replicated(jax.lax.bitcast_convert_type(value,
-                                                            jnp.uint8)))
-    size = int(raw.shape[0])
+    carried.append((carrier, _replicated(value), dtype))
+  word = packing.word_of(carrier for carrier, _, _ in carried)
+  itemsize = np.dtype(word).itemsize
+  pieces, slots, used = [], [], 0
+  for carrier, value, dtype in carried:
+    words = packing.as_words(value, word)
+    size = int(words.shape[0]) * itemsize
     slots.append((used, used + size, carrier, tuple(value.shape), dtype))
     used += size
-    pieces.append(raw)
-  if not pieces:
-    packs = [jnp.zeros((0,), jnp.uint8)]
-  else:
-    packs = [jnp.concatenate(pieces) if len(pieces) > 1 else pieces[0]]
-  return packs, Plan(nodes, tuple(slots))
+    pieces.append(words)
+  return [packing.concatenated(pieces)], Plan(nodes, tuple(slots))
 
 
 def _replicated(value):

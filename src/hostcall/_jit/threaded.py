@@ -26,12 +26,12 @@ when a program is compiled; no transformation ever sees them.
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.extend import core as jex_core
 
 from hostcall import _jax_private
+from hostcall._jit import packing
 from hostcall._runtime import call_sites, enqueue, lowering
 
 hostcall_threaded_p = jex_core.Primitive("hostcall_threaded")
@@ -59,20 +59,34 @@ def bind(order, operands, *, target, transforms, device_index: int = 0,
   A call that returns nothing spares the program a buffer to allocate
   each time it runs, a fifth of what one call costs it.
 
-  Several operands of whole bytes are packed into one buffer of bytes
-  (one fusion on the device; the custom call then takes one operand,
-  which costs far less than many); ``packed`` keeps their shapes and
-  dtypes, by which the host reads them back."""
+  A few operands of whole bytes (up to ``PACKED_OPERANDS``) are packed
+  into one buffer of bytes (one fusion on the device; the custom call then
+  takes one operand, which costs less than several); ``packed`` keeps
+  their shapes and dtypes, by which the host reads them back. More are
+  handed over as they are, as ``jax.jit`` hands a callback its operands
+  (the handler copies them into the queue one after another: the same
+  bytes, read by the same layouts). Packing many would fuse each value's
+  computation with its piece of the buffer, a kernel that XLA:CPU
+  compiles on its own, where ``jax.jit``'s program may leave that
+  computation as one operation that XLA compiles once for all the values
+  alike (``x + k`` for many constants ``k``)."""
   avals = tuple(_jax_private.ShapedArray(np.shape(x), x.dtype)
                 for x in operands)
   packed = None
-  if len(operands) > 1 and all(_packable(a.dtype) for a in avals):
+  if (1 < len(operands) <= PACKED_OPERANDS
+      and all(_packable(a.dtype) for a in avals)):
     operands, packed = [_pack(operands)], avals
   outs = hostcall_threaded_p.bind(order, *operands, target=target,
                                   transforms=transforms,
                                   device_index=device_index, packed=packed,
                                   returns=returns)
   return outs[0] if returns else None
+
+
+#: The most operands one call packs into one buffer: packing costs compile
+#: time with each operand, and saves run time only while they are few
+#: (docs/performance.md, the compile-time target).
+PACKED_OPERANDS = 2 * packing.ROW
 
 
 def _packable(dtype) -> bool:
@@ -83,40 +97,11 @@ def _packable(dtype) -> bool:
           and call_sites.element_bits(dtype) == 8 * dtype.itemsize)
 
 
-_WORDS = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}
-
-
 def _pack(operands):
-  """The operands' bytes in one vector of words as wide as the narrowest
-  operand's elements: their bit casts are then elementwise (a float32 as
-  a uint32), which XLA fuses with the concatenation into one loop, where
-  casts to bytes each took a kernel of their own."""
-  word = _WORDS[min(np.dtype(x.dtype).itemsize for x in operands)]
-  pieces = []
-  for x in operands:
-    if x.dtype == np.bool_:
-      x = x.astype(jnp.uint8)
-    if x.dtype != word:
-      x = jax.lax.bitcast_convert_type(x, word)
-    pieces.append(jnp.ravel(x))
-  total = sum(p.size for p in pieces)
-  if total > _PAD_WORDS:
-    return jnp.concatenate(pieces)
-  # Each piece padded with zeros to its place, the pads or-ed together:
-  # elementwise, one loop with the slices and casts (XLA's CPU backend
-  # does not fuse a concatenation with what feeds it).
-  packed, at = None, 0
-  for piece in pieces:
-    padded = jax.lax.pad(piece, word(0),
-                         [(at, total - at - piece.size, 0)])
-    packed = padded if packed is None else packed | padded
-    at += piece.size
-  return packed
-
-
-#: Up to this many words, pieces are packed by padding (work: words times
-#: pieces), beyond by concatenation (a kernel per piece).
-_PAD_WORDS = 256
+  """The operands' bytes in one vector of words (``packing``): one loop
+  with what computes them."""
+  word = packing.word_of(x.dtype for x in operands)
+  return packing.concatenated([packing.as_words(x, word) for x in operands])
 
 
 def _abstract_eval(order, *operands, returns, **_):
