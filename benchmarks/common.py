@@ -40,6 +40,7 @@ TARGETS = {
     "backward pass": 10,
     "tracking writers": 11,
     "hostcall.jit": 12,
+    "compile time": 13,
 }
 
 

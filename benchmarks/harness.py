@@ -26,6 +26,7 @@ import jax
 import hostcall
 
 import rows_apps
+import rows_compile
 import rows_jit
 import rows_taps
 from common import Bench, numbered
@@ -52,6 +53,7 @@ ROWS = (
     ("backward pass", rows_apps.backward_pass),
     ("tracking writers", rows_apps.tracking_writers),
     ("hostcall.jit", rows_jit.jit_rows),
+    ("compile time", rows_compile.compile_rows),
 )
 
 

@@ -282,6 +282,8 @@ def test_benchmark_smoke_run(tmp_path):
   # Measured where MLflow is installed, else a row that says how to.
   assert "11. per-step metrics, MLflow writer" in proc.stdout
   assert "12. one callback a call, hostcall.jit" in proc.stdout
+  assert ("13. first call (compile) of a step logging 1000 values"
+          in proc.stdout)
   rows = json.loads((tmp_path / "latest.json").read_text())["rows"]
   assert any(r["row"].startswith("7. progress bar") for r in rows)
 
