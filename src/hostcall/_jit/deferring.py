@@ -12,8 +12,8 @@ evaluated again with each such call rebound one of two ways:
   with results whose target has an ``answer`` gives the program
   that value (a bar's open: "this device's latest invocation");
 * as outputs (``evaluate``, elsewhere): each call's operands become extra
-  outputs of the program, packed into one flat buffer of bytes, and a
-  ``Plan`` (``plan.py``) says how the host replays the calls, in program
+  outputs of the program, packed into one flat buffer of words (read as
+  bytes by the host; ``packing.py``), and a ``Plan`` (``plan.py``) says how the host replays the calls, in program
   order, once those outputs are ready (``hostcall._runtime.outputs_replay``).
 
 Either way the program carries no JAX effect. Where the calls may sit: the
