@@ -3,16 +3,15 @@
 Bound once, at the top level of a program whose host calls become its
 outputs where the queue's consumer delivers the devices' taps (a global
 view of several CPU devices): as the program runs, the device that makes a
-global view's calls queues a marker item (``hostcall_marker``, a native
-custom call that every device runs and the chosen one acts on), and the
-queue's consumer replays the calls of the dispatch it marks when it reaches
-it (``hostcall._runtime.markers``), so that they keep their place among
-other programs' asynchronous taps.
+global view's calls queues a marker item, and the queue's consumer replays
+the calls of the dispatch it marks when it reaches it
+(``hostcall._runtime.markers``), so that they keep their place among other
+programs' asynchronous taps.
 
-Native, not a JAX Python callback: a device waiting for the interpreter
-lock, in a program with collectives, deadlocked the CPU runtime's
-rendezvous while the dispatching thread held the lock. It takes no operand
-and returns nothing: the program gains no transfer between devices.
+A JAX Python callback makes the marker: under a global view, XLA's
+partitioner keeps the chosen device only for JAX's own callbacks (a custom
+call of ours lost its sharding and was refused). It takes no operand and
+returns nothing: the program gains no transfer between devices.
 
 Bound only when a program is compiled; no transformation ever sees it.
 """
@@ -39,21 +38,23 @@ hostcall_marker_p.multiple_results = True
 _EFFECT = effects.EFFECTS["unordered"]
 
 
-def bind(key: int) -> None:
-  """Stages the marker of a dispatch of the function ``key``."""
-  hostcall_marker_p.bind(key=key)
+def bind(function: int) -> None:
+  """Stages the marker of a dispatch of the ``hostcall.jit`` function
+  numbered ``function``. (Not a parameter named ``key``: JAX 0.8's
+  lowering cache takes its own argument of that name.)"""
+  hostcall_marker_p.bind(function=function)
 
 
-def _abstract_eval(*, key):
-  del key
+def _abstract_eval(*, function):
+  del function
   return [], {_EFFECT}
 
 
-def _lowering(ctx, *, key):
+def _lowering(ctx, *, function):
   device, _ = emission.caller(ctx, 0)
   tap_queue.consumer.start()
-  site = call_sites.sites.add(MarkerTarget(key), make_context((), device),
-                              ())
+  site = call_sites.sites.add(MarkerTarget(function),
+                              make_context((), device), ())
 
   def callback():
     tap_queue.consumer.push(site.site, [])
@@ -67,10 +68,10 @@ def _lowering(ctx, *, key):
   return []
 
 
-def _impl(*, key):
+def _impl(*, function):
   raise NotImplementedError(
-      f"hostcall: hostcall_marker (of function {key}) is bound only inside "
-      "hostcall.jit's compilation")
+      f"hostcall: hostcall_marker (of function {function}) is bound only "
+      "inside hostcall.jit's compilation")
 
 
 hostcall_marker_p.def_effectful_abstract_eval(_abstract_eval)

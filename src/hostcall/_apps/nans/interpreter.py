@@ -37,6 +37,8 @@ from hostcall._apps.nans.sites import Site, Sites
 _NESTED_JIT = tuple(p for p in (getattr(primitives, "jit_p", None),
                                 getattr(primitives, "pjit_p", None),
                                 primitives.closed_call_p) if p is not None)
+#: ``jax.checkpoint``'s primitive, by its names (``remat2`` today).
+_CHECKPOINT_NAMES = ("remat2", "checkpoint")
 _CUSTOM = tuple(p for p in (getattr(primitives, "custom_jvp_call_p", None),
                             getattr(primitives, "custom_vjp_call_p", None))
                 if p is not None)
@@ -62,7 +64,8 @@ def kind_of(eqn) -> str:
     return "while"
   if prim is primitives.cond_p:
     return "plain" if "branches_platforms" in params else "cond"
-  if prim is primitives.remat_p:
+  # (By name: jax.extend names checkpoint's primitive only from JAX 0.9.)
+  if prim.name in _CHECKPOINT_NAMES:
     return "checkpoint"
   if prim in _CUSTOM and "call_jaxpr" in params and not eqn.effects:
     return "custom"
