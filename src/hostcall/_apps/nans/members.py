@@ -14,6 +14,8 @@ delivery): the device never waits for the host to look.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -28,8 +30,38 @@ def report(found: found_.Found, reporter) -> None:
   """Sends ``found`` to ``reporter`` (a ``sites.Reporter``) on the host
   where it holds something, from any number of ``vmap`` levels."""
   count = (found.code > found_.NOTHING).astype(jnp.int32)
-  _reporting(reporter)(found.code, found.site, found.when, found.steps,
-                       jnp.zeros((0,), jnp.int32), count)
+  values = (found.code, found.site, found.when, found.steps,
+            jnp.zeros((0,), jnp.int32), count)
+  if _custom_vmap_keeps_effects():
+    _reporting(reporter)(*values)
+  else:  # (JAX 0.8: the report would be dropped as unused)
+    _send(reporter, *values)
+
+
+@functools.cache
+def _custom_vmap_keeps_effects() -> bool:
+  """Whether this JAX keeps the effects of a ``custom_vmap`` function's
+  body (JAX 0.8 drops them, and with them a call whose result is unused:
+  there the report is sent without the rule that picks a ``vmap``
+  member)."""
+  @jax.custom_batching.custom_vmap
+  def probe(x):
+    jax.debug.callback(lambda: None)
+    return x
+
+  probe.def_vmap(lambda axis_size, in_batched, x: (x, in_batched[0]))
+  return bool(jax.make_jaxpr(probe)(jnp.int32(0)).effects)
+
+
+def _send(reporter, code, site, when, steps, member, count):
+  del when  # (orders members only)
+
+  def call():
+    with deliveries.delivery("async"):
+      stage_debug("find_nans", reporter, (code, site, steps, member, count),
+                  {}, "unordered", False)
+
+  jax.lax.cond(code > found_.NOTHING, call, lambda: None)
 
 
 def _reporting(reporter):
@@ -38,14 +70,7 @@ def _reporting(reporter):
 
   @jax.custom_batching.custom_vmap
   def send(code, site, when, steps, member, count):
-    del when  # (orders members only)
-
-    def call():
-      with deliveries.delivery("async"):
-        stage_debug("find_nans", reporter, (code, site, steps, member, count),
-                    {}, "unordered", False)
-
-    jax.lax.cond(code > found_.NOTHING, call, lambda: None)
+    _send(reporter, code, site, when, steps, member, count)
     return jnp.int32(0)
 
   @send.def_vmap
