@@ -762,6 +762,24 @@ def test_varying_axes_of_a_shard_map_value():
   assert seen == [(frozenset({"x"}), frozenset())]
 
 
+def test_made_varying_makes_a_value_vary_over_the_axes_given():
+  from jax.sharding import Mesh, PartitionSpec as P
+  mesh = Mesh(np.array(jax.devices()[:1]), ("x",))
+  seen = []
+
+  def f(block):
+    one = jnp.float32(1)
+    made = _jax_private.made_varying(one, ("x",))
+    seen.append((_jax_private.varying_axes(jax.typeof(made)),
+                 _jax_private.made_varying(one, ()) is one))
+    return block + made
+
+  out = jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("x"),
+                              out_specs=P("x")))(jnp.arange(2.0))
+  assert seen == [(frozenset({"x"}), True)]
+  assert out.tolist() == [1.0, 2.0]
+
+
 def test_explain_checkpoint_refusal_adds_to_jaxs_words():
   import hostcall
   # Installed by hostcall: JAX's refusal of an io callback in checkpoint

@@ -248,12 +248,7 @@ def _varying_as(cotangent, arg):
     return cotangent
   missing = tuple(sorted(
       wanted - _jax_private.varying_axes(jax.typeof(cotangent))))
-  if not missing:
-    return cotangent
-  pcast = getattr(jax.lax, "pcast", None)
-  if pcast is not None:  # JAX 0.9 on
-    return pcast(cotangent, missing, to="varying")
-  return jax.lax.pvary(cotangent, missing)
+  return _jax_private.made_varying(cotangent, missing)
 
 
 def _remat_rule(saveable, unks_in, inst_in, eqn):

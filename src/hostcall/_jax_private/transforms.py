@@ -85,6 +85,18 @@ def varying_axes(aval) -> frozenset:
   return frozenset(getattr(aval, "vma", ()) or ())
 
 
+def made_varying(value, axes: tuple):
+  """``value`` made varying over the ``shard_map`` axes ``axes``:
+  ``jax.lax.pcast(..., to="varying")`` from JAX 0.9, ``jax.lax.pvary``
+  before."""
+  if not axes:
+    return value
+  pcast = getattr(jax.lax, "pcast", None)
+  if pcast is not None:
+    return pcast(value, axes, to="varying")
+  return jax.lax.pvary(value, axes)
+
+
 def broadcast_batched(x, axis_data, dim):
   """``x`` (batched at ``dim``, or not at all when None) batched at 0."""
   if dim is None:

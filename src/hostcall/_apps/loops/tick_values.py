@@ -100,12 +100,7 @@ def _avals(items: tuple) -> tuple:
 
 def _varying(value, axes: tuple):
   """``value`` varying over the ``shard_map`` axes ``axes``."""
-  if not axes:
-    return value
-  pcast = getattr(jax.lax, "pcast", None)
-  if pcast is not None:  # JAX 0.9 on
-    return pcast(value, axes, to="varying")
-  return jax.lax.pvary(value, axes)
+  return _jax_private.made_varying(value, axes)
 
 
 def _arrays(items: tuple, avals: tuple) -> tuple:
