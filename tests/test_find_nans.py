@@ -315,6 +315,11 @@ def test_a_fori_loop_and_a_scan_in_a_scan(checked, reports):
   assert (r.primitive, r.steps) == ("sqrt", (("scan", 1), ("scan", 3)))
 
 
+@pytest.mark.xfail(
+    jax.__version_info__ >= (0, 12), strict=True,
+    reason="JAX 0.12 lays out a scan's transpose so that find_nans reports "
+    "the scan's own line, not the step's (found by CI's JAX 0.12 run; "
+    "left open in issue 54's note)")
 def test_the_backward_pass_of_a_scan_reports_the_forward_step(checked,
                                                              reports):
   def f(xs):
