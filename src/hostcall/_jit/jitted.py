@@ -240,10 +240,8 @@ class Jitted:
     """A global view's call where the queue's consumer delivers the
     devices' taps: its calls become outputs, replayed by the consumer where
     the program's marker sits in the queue (``hostcall._runtime.markers``).
-    """
-    if not deferred.started and not deferred.start():
-      return self._plain(*args, **kwargs)  # the interpreter exits
-    dispatch_stdout.noted()
+    The caller has started the consumer and noted ``sys.stdout``; the
+    deferred thread plays no part."""
     markers.begin(self._key)
     extra = None
     try:

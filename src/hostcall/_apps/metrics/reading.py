@@ -17,8 +17,6 @@ import sys
 import warnings
 from typing import Any
 
-import numpy as np
-
 from hostcall._apps.metrics import config as _config, files
 from hostcall._apps.metrics.table import Table, to_dataframe
 
