@@ -92,11 +92,11 @@ def jit_route(request, monkeypatch):
   """Both ways hostcall.jit takes a program's calls out: queued from the
   device (one CPU device with the native queue; skipped elsewhere), or
   deferred to the program's outputs."""
-  from hostcall._jit import jitted
+  from hostcall._jit import routes
   if request.param == "queued":
     hostcall.barrier()  # the native queue started
-    if not jitted._queues_from_the_device():
+    if not routes.queues():
       pytest.skip("no native tap queue here: calls become outputs")
-  monkeypatch.setattr(jitted, "mode",
-                      "auto" if request.param == "queued" else "outputs")
+  previous = routes.set_outputs_only(request.param == "outputs")
+  request.addfinalizer(lambda: routes.set_outputs_only(previous))
   return request.param

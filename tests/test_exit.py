@@ -24,11 +24,11 @@ CHILD = textwrap.dedent("""
 
     import jax, jax.numpy as jnp
     import hostcall
-    from hostcall._jit import jitted as jit_module
+    from hostcall._jit import routes
     from hostcall import host_callback as hcb
 
     if route == "outputs":
-      jit_module.mode = "outputs"
+      routes.set_outputs_only(True)
     record = lambda v: sink.write(f"{int(v)}\\n")
     jit = hostcall.jit if jit_name == "hostcall.jit" else jax.jit
     tap = jit(lambda x: hostcall.debug_callback(record, x))

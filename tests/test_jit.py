@@ -13,7 +13,7 @@ from jax import lax
 import hostcall
 from hostcall import host_callback as hcb
 from hostcall._runtime import native_queue
-from hostcall._jit import deferrable, jitted as jit_module
+from hostcall._jit import deferrable, jitted as jit_module, routes
 
 #: The thread that delivers a program's calls: queued from the device (one
 #: CPU device with the native queue), or deferred to the program's outputs.
@@ -623,8 +623,8 @@ def test_a_scans_deferred_values_are_stacked_on_the_device(mode):
 
   compiled = hostcall.jit(program)
   for length in (1, 100, 1000):
-    _, extra = jax.eval_shape(compiled._hostcall_jitted._deferring,
-                              jnp.zeros(length, jnp.float32))
+    as_outputs = compiled._hostcall_jitted.route(routes.AsOutputs).program
+    _, extra = jax.eval_shape(as_outputs, jnp.zeros(length, jnp.float32))
     # One buffer of the length's values (packed in words of 4 bytes).
     assert [(p.shape, p.dtype) for p in extra.packs] == [
         ((length * 2,), jnp.uint32)]

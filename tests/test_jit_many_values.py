@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import hostcall
-from hostcall._jit import jitted, packing, threaded
+from hostcall._jit import packing, routes, threaded
 
 #: Counts of values: one over the few a call packs into one buffer, and one
 #: whose bytes are past the size up to which the few are packed by padding.
@@ -35,7 +35,7 @@ def _queued_program(function):
   """The program hostcall.jit compiles for ``function`` where calls are
   queued from the device (as ``jax.jit.lower`` gives jax.jit's)."""
   compiled = hostcall.jit(function)._hostcall_jitted
-  if not jitted._queues_from_the_device():
+  if not routes.queues():
     pytest.skip("no native tap queue here: calls become outputs")
   return compiled._active
 
@@ -88,8 +88,8 @@ def test_values_are_packed_in_concatenations_xla_fuses(jit_route, count):
   # apart. Queued, a call packs its few values; as outputs, the program
   # packs all of them.
   function = hostcall.jit(_callback_step(count))._hostcall_jitted
-  program = (function._deferring if jit_route == "outputs"
-             else function._active)
+  program = (function.route(routes.AsOutputs).program
+             if jit_route == "outputs" else function._active)
   widest = _widest_concatenation(program.lower(jnp.float32(1)))
   assert 0 < widest <= packing.ROW or (jit_route == "queued"
                                         and count == MANY and widest == 0)

@@ -86,7 +86,8 @@ def test_a_platform_is_one_row_of_the_table(monkeypatch, request):
   # outputs route starts copies ahead.
   import types
   from hostcall._runtime import outputs_replay
-  from hostcall._jit import jitted
+  from hostcall._jit import routes
+  request.addfinalizer(routes.forget_process)  # (found again, not faked)
 
   def lowering_on(name):
     module = types.SimpleNamespace(platforms=[name], axis_context=None)
@@ -101,15 +102,17 @@ def test_a_platform_is_one_row_of_the_table(monkeypatch, request):
   assert emission.route(lowering_on("cpu"), "enqueue", True) == "python"
   assert emission.platform("cpu") == emission.Platform()
   monkeypatch.setattr(jax, "default_backend", lambda: "fake")
-  monkeypatch.setattr(jitted, "_QUEUED", None)
+  routes.forget_process()
   outputs_replay._host_buffers.cache_clear()
-  assert jitted._devices_with_the_native_queue() is True
+  assert routes.process().queues is True
+  assert routes.chosen() in (routes.Queued, routes.QueuedOnSeveral)
   assert outputs_replay._host_buffers() is False
   monkeypatch.setattr(emission, "PLATFORMS", {"fake": emission.Platform(
       host_buffers=True)})
-  monkeypatch.setattr(jitted, "_QUEUED", None)
+  routes.forget_process()
   outputs_replay._host_buffers.cache_clear()
-  assert jitted._devices_with_the_native_queue() is False
+  assert routes.process().queues is False
+  assert routes.chosen() is routes.AsOutputs
   assert outputs_replay._host_buffers() is True
 
 

@@ -877,9 +877,9 @@ def report(name, run):
     print(name, "raised", type(exc).__name__,
           *([count.group(1)] if count else []), flush=True)
 
-from hostcall._jit import jitted as jit_module
+from hostcall._jit import routes
 hostcall.barrier()  # the queue started
-print("queued", jit_module._queues_from_the_device(), flush=True)
+print("queued", routes.queues(), flush=True)
 
 for jit in (jax.jit, hostcall.jit):
   # A steered loop's checks wait for each tick's predicate.

@@ -11,13 +11,13 @@ import pytest
 import hostcall
 from hostcall._runtime import (call_sites, emission, native_queue,
                                queue_library, tap_queue)
-from hostcall._jit import jitted as jit_module
+from hostcall._jit import routes
 
 
 @pytest.fixture
 def queued():
   hostcall.barrier()  # the native queue started
-  if not jit_module._queues_from_the_device():
+  if not routes.queues():
     pytest.skip("no native tap queue here: calls become outputs")
 
 
@@ -65,7 +65,8 @@ def test_the_last_call_returns_nothing_and_every_call_keeps_its_order(
       ("last", float(i), i + 3.0))]
   assert seen == expected
   if route == "ffi":
-    text = step._hostcall_jitted._queueing.lower(np.float32(0)).compile(
+    program = step._hostcall_jitted.route(routes.Queued).program
+    text = program.lower(np.float32(0)).compile(
         ).as_text()
     # Every call but the last returns the value the next one takes.
     assert sorted(_custom_calls(text)) == (
@@ -87,7 +88,8 @@ def test_a_program_ending_in_a_loop_keeps_the_loops_calls(queued):
   assert seen == [1.0, 4.0, 9.0]
   if not queue_library.ffi():
     return  # (HOSTCALL_NATIVE=0: JAX's callbacks push the calls)
-  text = step._hostcall_jitted._queueing.lower(np.float32(0)).compile(
+  program = step._hostcall_jitted.route(routes.Queued).program
+  text = program.lower(np.float32(0)).compile(
       ).as_text()
   assert _custom_calls(text) == ["hostcall_enqueue_threaded"]
 
@@ -106,7 +108,7 @@ def test_one_call_of_many_operands_returns_nothing(queued):
   assert seen == [[[1.5, -2.0], [1, -2], [True, False]]]
   if not queue_library.ffi():
     return  # (HOSTCALL_NATIVE=0: JAX's callbacks push the calls)
-  text = step._hostcall_jitted._queueing.lower(
+  text = step._hostcall_jitted.route(routes.Queued).program.lower(
       np.float32([0, 0])).compile().as_text()
   assert _custom_calls(text) == ["hostcall_enqueue_after"]
 

@@ -14,9 +14,10 @@ import hostcall
 from hostcall._runtime import tap_queue
 from hostcall._runtime.outputs_replay import deferred
 from hostcall._core.context import why_waiting_is_forbidden
-from hostcall._jit import jitted as jit_module
+from hostcall._jit import routes
 
-jit_module.mode = os.environ.get("HOSTCALL_JIT_MODE", "auto")
+routes.set_outputs_only(
+    os.environ.get("HOSTCALL_JIT_MODE", "auto") == "outputs")
 
 _jax_jit = jax.jit
 

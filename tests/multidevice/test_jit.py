@@ -11,7 +11,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import hostcall
 from hostcall import host_callback as hcb
-from hostcall._jit import deferrable
+from hostcall._jit import deferrable, routes
 
 MESH = Mesh(np.array(jax.devices()), ("i",))
 SHARDED = NamedSharding(MESH, P("i"))
@@ -264,13 +264,12 @@ def test_a_barrier_waits_for_a_queued_call_after_a_long_computation(where):
   # The barrier waits for the queueing program itself (its last call's
   # order value), not for a program dispatched after it: on several
   # devices the CPU runtime does not run programs in dispatch order.
-  from hostcall._jit import jitted
   seen = []
   slow = hostcall.jit(_slow_then_tap(seen))
   x = _slow_input(where)
   expected = float(jax.jit(_slow_then_tap([]))(x))
   hostcall.barrier()
-  assert jitted._queues_from_the_device()  # (the route this test is for)
+  assert routes.queues()  # (the route this test is for)
   for _ in range(3):
     del seen[:]
     out = slow(x)
@@ -345,8 +344,9 @@ def test_a_global_view_program_gets_no_collective_jax_jit_lacks():
   # The call takes the outputs route (the deferring program), which has
   # none of the queued route's replications.
   ran = []
-  deferring = jitted._deferring_marked
-  jitted._deferring_marked = lambda *a: (ran.append(1), deferring(*a))[1]
+  marked = jitted.route(routes.Marked)
+  deferring = marked.program
+  marked.program = lambda *a: (ran.append(1), deferring(*a))[1]
   compiled(x)
   hostcall.barrier()
   assert ran == [1]

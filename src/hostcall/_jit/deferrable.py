@@ -145,7 +145,7 @@ class Rules:
         continue  # a call without an effect: no order to keep
       if self._calls_in_a_predicate(eqn):
         return None
-      inners = self._looked_into(eqn)
+      inners = self.looked_into(eqn)
       if inners:
         for inner in inners:
           verdict = self.analyse(inner)
@@ -162,11 +162,12 @@ class Rules:
     be deferred, or another effect ``analyse`` does not look into."""
     if eqn.primitive is hostcall_p:
       return bool(eqn.effects) and not self.deferrable_call(eqn)
-    return bool(eqn.effects) and (not self._looked_into(eqn)
+    return bool(eqn.effects) and (not self.looked_into(eqn)
                                   or self._calls_in_a_predicate(eqn))
 
-  def _looked_into(self, eqn) -> list:
-    """The jaxprs ``analyse`` reads inside ``eqn``: a nested ``jit``'s, a
+  def looked_into(self, eqn) -> list:
+    """The jaxprs ``analyse`` reads (and the route takes calls out of)
+    inside ``eqn``: a nested ``jit``'s, a
     ``scan``'s body, and, queued, a ``while_loop``'s body and a ``cond``'s
     branches; [] for any other equation."""
     if is_jit(eqn) or (eqn.primitive.name == "scan"

@@ -50,19 +50,62 @@ from hostcall._jit import deferrable, threaded
 from hostcall._jit.plan import Call, Loop
 
 
-class _Recorder:
-  """What one trace level (the program, or one loop body) defers: as
-  outputs (``nodes`` and ``values``), or, when ``order`` is given, as
-  queued calls threading that value (``threaded``).
+class _AsOutputs:
+  """What one trace level (the program, or one ``lax.scan`` body) takes
+  out as outputs: the calls' ``nodes`` of the plan, and their ``values``."""
+
+  rules = deferrable.AS_OUTPUTS
+
+  def __init__(self):
+    self.nodes: list = []
+    self.values: list = []
+
+  def record(self, eqn, invals) -> None:
+    params = eqn.params
+    operands = [deferrable.physical(x, v.aval)
+                for x, v in zip(invals, eqn.invars)]
+    self.nodes.append(Call(
+        params["target"], params["transforms"],
+        tuple(tuple(o.shape) for o in operands),
+        tuple(np.dtype(o.dtype) for o in operands),
+        params["device_index"]))
+    self.values.extend(operands)
+
+  def left_in_place(self, eqn, invals):
+    """A host call not taken out (a pure callback), bound as it is."""
+    return _jax_private.bind_equation(eqn, invals)
+
+  def scan(self, eqn, invals) -> list:
+    """A ``lax.scan`` whose body's calls are stacked as extra ``ys``: one
+    ``Loop`` node of the plan."""
+    inner = _AsOutputs()
+
+    def step(carry, x):
+      inner.nodes.clear()
+      inner.values.clear()
+      carry, ys = _scan_body(eqn, invals, inner, carry, x)
+      values = list(inner.values)
+      inner.values.clear()  # nothing keeps the body's tracers after it
+      return carry, (ys, values)
+
+    carry, (ys, stacked) = _lax_scan(eqn, invals, step, [])
+    self.nodes.append(Loop(eqn.params["length"], eqn.params["reverse"],
+                           tuple(inner.nodes)))
+    self.values.extend(stacked)
+    return [*carry, *ys]
+
+
+class _Queued:
+  """What one trace level (the program, or one loop body or branch)
+  queues: calls threading the value ``order`` (``threaded``).
 
   A queued call is bound once it is known whether another follows it
   (reading ``order`` binds it, returning the value the next one takes;
   ``finish`` binds the program's last call returning nothing)."""
 
-  def __init__(self, order=None):
-    self.nodes: list = []
-    self.values: list = []
-    self.queued = order is not None
+  rules = deferrable.QUEUED
+
+  def __init__(self, order):
     self._order = order
     self._pending = None  # (operands, params) of a call not bound yet
 
@@ -82,7 +125,6 @@ class _Recorder:
   def order(self, value) -> None:
     self.order  # noqa: B018 - a pending call is bound first, in its place
     self._order = value
-    self.queued = value is not None
 
   def finish(self) -> None:
     """Ends the program: its last queued call is bound returning nothing;
@@ -117,28 +159,45 @@ class _Recorder:
 
   def record(self, eqn, invals) -> None:
     params = eqn.params
-    operands = [deferrable.physical(x, v.aval) for x, v in zip(invals, eqn.invars)]
-    if self.queued:
-      self.order  # noqa: B018 - binds the call before this one
-      self._pending = (operands, {
-          "target": params["target"], "transforms": params["transforms"],
-          "device_index": params["device_index"]})
-      return
-    self.nodes.append(Call(
-        params["target"], params["transforms"],
-        tuple(tuple(o.shape) for o in operands),
-        tuple(np.dtype(o.dtype) for o in operands),
-        params["device_index"]))
-    self.values.extend(operands)
+    operands = [deferrable.physical(x, v.aval)
+                for x, v in zip(invals, eqn.invars)]
+    self.order  # noqa: B018 - binds the call before this one
+    self._pending = (operands, {
+        "target": params["target"], "transforms": params["transforms"],
+        "device_index": params["device_index"]})
+
+  def left_in_place(self, eqn, invals):
+    """A host call not taken out (a pure callback) runs after the queued
+    calls before it: were it to fail first, they would never be queued,
+    where jax.jit delivers them. It takes the order value as one more
+    operand, which its host side drops (``lowering.AFTER``)."""
+    params = dict(eqn.params, transforms=eqn.params["transforms"] + (AFTER,))
+    return hostcall_p.bind(*invals, self.order, **params)
+
+  def scan(self, eqn, invals) -> list:
+    """A ``lax.scan`` threading the order value through its carry."""
+    def step(carry, x):
+      inner = _Queued(carry[0])
+      carry, ys = _scan_body(eqn, invals, inner, carry[1:], x)
+      return [inner.order, *carry], ys
+
+    (self.order, *carry), ys = _lax_scan(eqn, invals, step, [self.order])
+    return [*carry, *ys]
+
+  def while_loop(self, eqn, invals) -> list:
+    return _while(eqn, invals, self)
+
+  def cond(self, eqn, invals) -> list:
+    return _cond(eqn, invals, self)
 
 
 def evaluate(closed_jaxpr, args: Sequence) -> tuple[list, list, tuple]:
   """Evaluates ``closed_jaxpr`` on ``args`` (in the current trace) with its
   deferrable calls taken out; returns ``(outputs, deferred values,
   nodes)``."""
-  recorder = _Recorder()
-  outs = _evaluate(deferrable.jaxpr_of(closed_jaxpr), closed_jaxpr.consts, args,
-                   recorder)
+  recorder = _AsOutputs()
+  outs = _evaluate(deferrable.jaxpr_of(closed_jaxpr), closed_jaxpr.consts,
+                   args, recorder)
   return outs, recorder.values, tuple(recorder.nodes)
 
 
@@ -150,19 +209,18 @@ def evaluate_threaded(closed_jaxpr, args: Sequence,
   ``keep_order`` the outputs and the order value the program's last call
   returned (which is ready once every queued call has run: on several
   devices, what a barrier waits for)."""
-  recorder = _Recorder(order=threaded.start_order())
-  outs = _evaluate(deferrable.jaxpr_of(closed_jaxpr), closed_jaxpr.consts, args,
-                   recorder)
+  recorder = _Queued(threaded.start_order())
+  outs = _evaluate(deferrable.jaxpr_of(closed_jaxpr), closed_jaxpr.consts,
+                   args, recorder)
   if keep_order:
     return outs, recorder.order
   recorder.finish()
   return outs
 
 
-def _evaluate(jaxpr, consts, args, recorder: _Recorder) -> list:
+def _evaluate(jaxpr, consts, args, recorder: _AsOutputs | _Queued) -> list:
   env: dict = {}
-  queued = recorder.queued
-  rules = deferrable.QUEUED if queued else deferrable.AS_OUTPUTS
+  rules = recorder.rules
 
   def read(atom):
     return atom.val if isinstance(atom, jex_core.Literal) else env[atom]
@@ -186,29 +244,20 @@ def _evaluate(jaxpr, consts, args, recorder: _Recorder) -> list:
       else:  # no results, or what a queued call answers (``Schedule.answer``)
         outs = [jnp.full(v.aval.shape, eqn.params["target"].schedule.answer,
                          v.aval.dtype) for v in eqn.outvars]
+    elif eqn.primitive is hostcall_p:
+      outs = recorder.left_in_place(eqn, invals)
     elif deferrable.is_jit(eqn) and rules.analyse(eqn.params["jaxpr"]):
       inner = eqn.params["jaxpr"]
       outs = _constrained(_evaluate(
           deferrable.jaxpr_of(inner), inner.consts,
           _constrained(invals, eqn.params.get("in_shardings")), recorder),
           eqn.params.get("out_shardings"))
-    elif (name == "scan" and deferrable.scan_layout(eqn) is not None
-          and rules.analyse(eqn.params["jaxpr"])):
-      outs = _scan(eqn, invals, recorder)
-    elif (queued and name == "while"
-          and rules.analyse(eqn.params["body_jaxpr"])):
-      outs = _while(eqn, invals, recorder)
-    elif (queued and name == "cond"
-          and any(rules.analyse(b) for b in eqn.params["branches"])):
-      outs = _cond(eqn, invals, recorder)
-    elif queued and eqn.primitive is hostcall_p:
-      # A host call left in place (a pure callback) runs after the queued
-      # calls before it: were it to fail first, they would never be
-      # queued, where jax.jit delivers them. It takes the order value as
-      # one more operand, which its host side drops (``lowering.AFTER``).
-      params = dict(eqn.params,
-                    transforms=eqn.params["transforms"] + (AFTER,))
-      outs = hostcall_p.bind(*invals, recorder.order, **params)
+    elif name == "scan" and _takes_out_of(rules, eqn):
+      outs = recorder.scan(eqn, invals)
+    elif name == "while" and _takes_out_of(rules, eqn):
+      outs = recorder.while_loop(eqn, invals)
+    elif name == "cond" and _takes_out_of(rules, eqn):
+      outs = recorder.cond(eqn, invals)
     else:
       outs = _jax_private.bind_equation(eqn, invals)
     if not eqn.primitive.multiple_results:
@@ -216,6 +265,13 @@ def _evaluate(jaxpr, consts, args, recorder: _Recorder) -> list:
     for var, value in zip(eqn.outvars, outs):
       write(var, value)
   return [read(v) for v in jaxpr.outvars]
+
+
+def _takes_out_of(rules: deferrable.Rules, eqn) -> bool:
+  """Whether the route of ``rules`` takes calls out of the jaxprs inside
+  ``eqn`` (a ``scan``'s body; queued, a ``while_loop``'s body or a
+  ``cond``'s branches): it looks into them, and one has calls to take."""
+  return any(rules.analyse(inner) for inner in rules.looked_into(eqn))
 
 
 def _constrained(values: list, shardings) -> list:
@@ -236,46 +292,29 @@ def _constraining(sharding) -> bool:
   return jax.sharding.AxisType.Explicit not in tuple(axis_types)
 
 
-def _scan(eqn, invals, recorder: _Recorder) -> list:
+def _lax_scan(eqn, invals, step, before: list):
+  """``lax.scan`` of ``step`` as ``eqn`` runs its body: over ``eqn``'s
+  ``xs``, its carry ``before`` and then ``eqn``'s."""
   num_consts, num_carry = deferrable.scan_layout(eqn)
-  body = eqn.params["jaxpr"]
-  consts = invals[:num_consts]
   init = invals[num_consts:num_consts + num_carry]
   xs = invals[num_consts + num_carry:]
-  inner = _Recorder()
-  threading_order = recorder.queued
-
-  def step(carry, x):
-    inner.nodes.clear()
-    inner.values.clear()
-    if threading_order:
-      inner.order, *carry = carry
-    outs = _evaluate(deferrable.jaxpr_of(body), body.consts, [*consts, *carry, *x],
-                     inner)
-    values = list(inner.values)
-    inner.values.clear()  # nothing keeps the body's tracers after it
-    carry = outs[:num_carry]
-    if threading_order:
-      carry = [inner.order, *carry]
-      inner.order = None
-    return carry, (outs[num_carry:], values)
-
-  init = list(init)
-  if threading_order:
-    init = [recorder.order, *init]
-  carry, (ys, stacked) = jax.lax.scan(
-      step, init, list(xs), length=eqn.params["length"],
-      reverse=eqn.params["reverse"], unroll=eqn.params.get("unroll", 1))
-  if threading_order:
-    recorder.order, *carry = carry
-    return [*carry, *ys]
-  recorder.nodes.append(Loop(eqn.params["length"], eqn.params["reverse"],
-                             tuple(inner.nodes)))
-  recorder.values.extend(stacked)
-  return [*carry, *ys]
+  return jax.lax.scan(step, [*before, *init], list(xs),
+                      length=eqn.params["length"],
+                      reverse=eqn.params["reverse"],
+                      unroll=eqn.params.get("unroll", 1))
 
 
-def _while(eqn, invals, recorder: _Recorder) -> list:
+def _scan_body(eqn, invals, inner, carry, x) -> tuple[list, list]:
+  """One step of ``eqn``'s body, its calls taken out by ``inner``:
+  ``(carry, ys)``."""
+  num_consts, num_carry = deferrable.scan_layout(eqn)
+  body = eqn.params["jaxpr"]
+  outs = _evaluate(deferrable.jaxpr_of(body), body.consts,
+                   [*invals[:num_consts], *carry, *x], inner)
+  return outs[:num_carry], outs[num_carry:]
+
+
+def _while(eqn, invals, recorder: _Queued) -> list:
   """A ``while_loop`` whose body queues calls, threading the order value
   through its carry (queued calls only)."""
   params = eqn.params
@@ -299,7 +338,7 @@ def _while(eqn, invals, recorder: _Recorder) -> list:
 
   def step(carry):
     order, *carry = carry
-    inner = _Recorder(order=order)
+    inner = _Queued(order)
     outs = _evaluate(deferrable.jaxpr_of(body), body.consts, [*body_consts, *carry],
                      inner)
     if batched:
@@ -321,14 +360,14 @@ def _select_lanes(running, new, old):
   return jax.lax.select(running, new, old)
 
 
-def _cond(eqn, invals, recorder: _Recorder) -> list:
+def _cond(eqn, invals, recorder: _Queued) -> list:
   """A ``cond`` whose branches queue calls (the branch taken queues its
   own), threading the order value through it (queued calls only)."""
   index, *operands = invals
 
   def branch(closed):
     def run(order, *operands):
-      inner = _Recorder(order=order)
+      inner = _Queued(order)
       outs = _evaluate(deferrable.jaxpr_of(closed), closed.consts, operands, inner)
       return [inner.order, *outs]
     return run
