@@ -159,20 +159,28 @@ def run_each(target: HostTarget, flats: Iterable, context: CallContext,
   call = target.caller(context)
   scope = target.run_scope(context)
   with calling(context, True), scope or contextlib.nullcontext():
-    # One frame for the run, not one a call: a small call costs little
-    # more than the host function itself.
-    if single:
-      for arg in flats:
-        try:
-          call(arg)
-        except BaseException as exc:  # noqa: BLE001 - a tap must never kill the run
-          _failed(target, exc, context)
-      return
-    for flat_args in flats:
+    each(target, call, flats, context, single)
+
+
+def each(target: HostTarget, call: Callable, flats: Iterable,
+         context: CallContext, single: bool = False) -> None:
+  """``run_each``'s calls, in the call context (and the target's run
+  scope) its caller put in force: ``call`` (``target.caller(context)``)
+  for each of ``flats``, each failing alone."""
+  # One frame for the run, not one a call: a small call costs little
+  # more than the host function itself.
+  if single:
+    for arg in flats:
       try:
-        call(*flat_args)
+        call(arg)
       except BaseException as exc:  # noqa: BLE001 - a tap must never kill the run
         _failed(target, exc, context)
+    return
+  for flat_args in flats:
+    try:
+      call(*flat_args)
+    except BaseException as exc:  # noqa: BLE001 - a tap must never kill the run
+      _failed(target, exc, context)
 
 
 def run_lines(target: HostTarget, columns: list, context: CallContext
@@ -250,7 +258,7 @@ def _failed(target: HostTarget, exc: BaseException, context: CallContext
 
 
 #: Where hostcall calls host functions (see ``is_host_function_entry``).
-_ENTRY_CODES = frozenset({deliver.__code__, run_each.__code__})
+_ENTRY_CODES = frozenset({deliver.__code__, each.__code__})
 
 
 def _zeros(result_avals) -> tuple:

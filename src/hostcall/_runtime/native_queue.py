@@ -54,10 +54,11 @@ class NativeQueue:
     as usual."""
     self.lib.gil_held.hostcall_flush_soon()
 
-  def pop_batch(self, timeout: float, gather: float = 0.0) -> list:
+  def pop_batch(self, timeout: float, gather: float = 0.0):
     """The queued items in runs (see ``runs``; maybe none): the items
     queued from Python with their ``arrays``, the others with ``raw``, the
-    operands' bytes. Once one item is there, waits up to ``gather`` seconds
+    operands' bytes; or, where the calls of a few sites alternate (a
+    program that makes several calls), an ``Interleaved`` batch. Once one item is there, waits up to ``gather`` seconds
     for more to join it, unless someone waits for them (see
     ``hostcall_pop``)."""
     lib = self.lib
@@ -82,7 +83,7 @@ class NativeQueue:
       lib.gil_held.hostcall_copy_free_many(handles, n, ZERO_COPY_BYTES,
                                        block.ctypes.data)
       block.flags.writeable = False  # as bytes read from the queue were
-      return Packed.runs_of(sites, sizes, block)
+      return Interleaved.or_runs(sites, sizes, block)
     return runs(self._items(n))
 
   def _items(self, n: int) -> list:
@@ -179,14 +180,13 @@ class Packed:
     self.site, self.count, self.size, self.block = site, count, size, block
 
   @classmethod
-  def runs_of(cls, sites: np.ndarray, sizes: np.ndarray, block: np.ndarray
-              ) -> list:
+  def runs_of(cls, sites: np.ndarray, sizes: np.ndarray, block: np.ndarray,
+              bounds=None) -> list:
     """The runs of a batch whose items' bytes lie one after the other in
-    ``block``: one a change of site (or of size)."""
-    n = len(sites)
-    cuts = np.flatnonzero((sites[1:] != sites[:-1])
-                          | (sizes[1:] != sizes[:-1])) + 1
-    bounds = [0, *cuts.tolist(), n]
+    ``block``: one a change of site (or of size; ``bounds_of``)."""
+    if bounds is None:
+      bounds = cls.bounds_of(sites, sizes)
+    bounds = bounds.tolist()
     out, at = [], 0
     for start, end in zip(bounds, bounds[1:]):
       size, count = int(sizes[start]), end - start
@@ -194,6 +194,13 @@ class Packed:
                      block[at:at + count * size]))
       at += count * size
     return out
+
+  @staticmethod
+  def bounds_of(sites: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """Where the runs of a batch start, and its end."""
+    cuts = np.flatnonzero((sites[1:] != sites[:-1])
+                          | (sizes[1:] != sizes[:-1])) + 1
+    return np.concatenate(([0], cuts, [len(sites)]))
 
   def rows(self) -> np.ndarray:
     """The calls' bytes, ``(count, size)``."""
@@ -208,6 +215,69 @@ class Packed:
 
   def __len__(self) -> int:
     return self.count
+
+  def clear(self) -> None:
+    """Lets go of the calls' bytes (delivered)."""
+    self.block = None
+
+
+class Interleaved:
+  """A batch read into one block (as ``Packed.runs_of``'s) where the calls
+  of a few call sites alternate: a program that makes several calls queues
+  them site after site, each call a run of its own. Each site's calls are
+  read together (``by_site``: one ``Packed`` a site, its calls in queue
+  order), to be delivered in queue order (``order``) by
+  ``interleaved.deliver``."""
+
+  __slots__ = ("sites", "sizes", "block", "bounds")
+
+  def __init__(self, sites, sizes, block, bounds):
+    self.sites, self.sizes, self.block, self.bounds = (sites, sizes, block,
+                                                       bounds)
+
+  @classmethod
+  def or_runs(cls, sites: np.ndarray, sizes: np.ndarray, block: np.ndarray):
+    """The batch as an ``Interleaved`` one where a site's calls lie in
+    several runs, each site's calls of one size; else in runs
+    (``Packed.runs_of``)."""
+    bounds = Packed.bounds_of(sites, sizes)
+    if len(bounds) > 2:
+      starts = bounds[:-1]
+      order = np.argsort(sites[starts], kind="stable")
+      run_sites, run_sizes = sites[starts][order], sizes[starts][order]
+      repeated = run_sites[1:] == run_sites[:-1]
+      if repeated.any() and not (repeated
+                                 & (run_sizes[1:] != run_sizes[:-1])).any():
+        return cls(sites, sizes, block, bounds)
+    return Packed.runs_of(sites, sizes, block, bounds)
+
+  def __len__(self) -> int:
+    return len(self.sites)
+
+  def site_ids(self) -> list:
+    return np.unique(self.sites).tolist()
+
+  def runs(self) -> list:
+    """The batch in runs, as ``Packed.runs_of`` hands it."""
+    return Packed.runs_of(self.sites, self.sizes, self.block)
+
+  def order(self) -> tuple[list, list]:
+    """``(site, calls)`` of each run, in queue order, as two lists."""
+    bounds = self.bounds
+    return (self.sites[bounds[:-1]].tolist(),
+            np.diff(bounds).tolist())
+
+  def by_site(self) -> dict:
+    """Each site's calls as one ``Packed``, in queue order: their bytes
+    gathered from the block (one copy a site)."""
+    starts = np.cumsum(self.sizes) - self.sizes
+    out = {}
+    for site in self.site_ids():
+      which = np.flatnonzero(self.sites == site)
+      size = int(self.sizes[which[0]])
+      rows = self.block[starts[which][:, None] + np.arange(size)]
+      out[site] = Packed(site, len(which), size, rows.reshape(-1))
+    return out
 
   def clear(self) -> None:
     """Lets go of the calls' bytes (delivered)."""

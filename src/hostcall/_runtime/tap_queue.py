@@ -32,7 +32,8 @@ import jax
 import numpy as np
 
 from hostcall import _jax_private
-from hostcall._runtime import call_sites, queue_library, native_queue
+from hostcall._runtime import (call_sites, interleaved, native_queue,
+                               queue_library)
 from hostcall._runtime.call_sites import sites
 from hostcall._runtime.outputs_replay import deferred
 from hostcall._runtime.markers import markers
@@ -213,6 +214,12 @@ class Consumer:
         logger.exception("hostcall: the asynchronous queue failed")
         time.sleep(0.01)
         continue
+      if isinstance(batch, native_queue.Interleaved):
+        if all(map(sites.joinable, batch.site_ids())):
+          self._delivering_interleaved(batch, q)
+          batch = []
+        else:
+          batch = batch.runs()
       # Each item let go of before it counts as delivered: whoever waits
       # for it (a barrier) finds its values (maybe large) released. The
       # calls of a joinable site (hostcall.jit's) go together.
@@ -288,6 +295,30 @@ class Consumer:
       if self._bypassing:
         self._bypassing = False
         q.set_bypass(False)
+      with self._done:
+        self._delivered += n
+        self._done.notify_all()
+
+  def _delivering_interleaved(self, batch, q) -> None:
+    """Delivers ``batch``, an ``Interleaved`` one of joinable sites
+    (``interleaved.deliver``), failures postponed to the barrier; then
+    counts its calls delivered (its bytes let go of first)."""
+    n = len(batch)
+
+    def after_run():
+      if self._bypassing:
+        self._bypassing = False
+        q.set_bypass(False)
+
+    self._delivering = True
+    try:
+      interleaved.deliver(batch, after_run)
+    except BaseException as exc:  # noqa: BLE001 - the consumer never dies
+      errors.postpone(exc, "delivering queued calls")
+    finally:
+      batch.clear()
+      self._delivering = False
+      after_run()
       with self._done:
         self._delivered += n
         self._done.notify_all()

@@ -1,0 +1,200 @@
+"""Delivering a batch whose calls of several call sites alternate.
+
+A program that makes several queued calls (``hostcall.jit``'s: a print and
+a callback in one step) queues them site after site, so that a batch of
+its calls is a run of one call a site, over and over. Delivered run by
+run, each call paid for what a run costs (its site looked up, its bytes
+decoded, its host function's call set up): several times what the same
+call costs in a run of its own site's calls. Here each site's calls are
+read at once (one decode a site and batch: ``native_queue.Interleaved``),
+what each site's delivery needs is set up once, and the calls are then
+delivered in queue order, run by run, as before: program order, each
+failing alone, postponed to the barrier.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hostcall._core.context import calling, swap_call_context
+from hostcall._core.targets import Steps
+from hostcall._runtime import call_sites, calls, errors
+from hostcall._runtime.call_sites import sites
+
+
+def deliver(batch, after_run) -> None:
+  """Delivers every call of ``batch`` (a ``native_queue.Interleaved`` whose
+  sites are all joinable) in queue order; ``after_run()`` after each run.
+  A site that cannot be read fails each of its runs alone, postponed."""
+  prepared = {site: _prepare(site, packed)
+              for site, packed in batch.by_site().items()}
+  order = batch.order()
+  batch.clear()
+  scopes = _Scopes()
+  # Asynchronous delivery for the whole batch; each run's context is
+  # swapped in (calling() a run would cost more than a small call).
+  with calling(None, True):
+    try:
+      for site, count in zip(*order):
+        one = prepared[site]
+        try:
+          scopes.enter(one)
+          one.deliver(count)
+        except BaseException as exc:  # noqa: BLE001 - the consumer never dies
+          errors.postpone(exc, f"delivering a queued call of site {site}")
+        after_run()
+    finally:
+      scopes.close()
+
+
+class _Scopes:
+  """The run scope in force (``HostTarget.run_scope``: JAX's contexts of
+  ``jax.debug.callback``'s calls), entered once for many runs: it stays
+  entered over the runs of its site and of sites that run no host function
+  of their own (``_Lines``, whose text is written alike in any scope), and
+  is left before any other site's run."""
+
+  def __init__(self):
+    self._site = self._open = None
+
+  def enter(self, one) -> None:
+    if one.scope is None:
+      if one.neutral or self._open is None:
+        return
+      self.close()
+      return
+    if self._site is one:
+      return
+    self.close()
+    # (A scope fails here where it would have failed around the run.)
+    scope = one.scope()
+    scope.__enter__()
+    self._site, self._open = one, scope
+
+  def close(self) -> None:
+    scope, self._site, self._open = self._open, None, None
+    if scope is not None:
+      scope.__exit__(None, None, None)
+
+
+def _prepare(site: int, packed):
+  """What delivers ``packed``'s calls (one site's, in queue order) a run at
+  a time: the site's reading, or the failure to read it."""
+  try:
+    target, context, layouts = sites.get(site)
+    columns = call_sites.read_columns(target, layouts, packed)
+    if target.deliver_steps is not None and target.joins_calls:
+      return _Steps(target, context, columns)
+    writer = target.lines_writer(context)
+    if writer is not None:
+      lines = _lines(writer, columns)
+      if lines is not None:
+        return _Lines(target, context, writer, *lines)
+    return _Each(target, context, columns)
+  except BaseException as exc:  # noqa: BLE001 - its runs fail, postponed
+    return _Failed(exc)
+
+
+def _lines(writer, columns):
+  """``(lines, lines a call)`` of the site's calls written at once, or None
+  where ``lines_of`` cannot say or its lines do not split evenly (each
+  call's text has as many: numbers are written without a line's end)."""
+  try:
+    text = writer.lines_of(columns)
+  except Exception:  # noqa: BLE001 - each call then runs, failing in its words
+    return None
+  if text is None or not columns:
+    return None
+  lines, calls_n = text.splitlines(keepends=True), len(columns[0])
+  if not calls_n or len(lines) % calls_n or "".join(lines) != text:
+    return None
+  return lines, len(lines) // calls_n
+
+
+class _Failed:
+  """A site whose calls could not be read: each run raises its failure."""
+
+  scope, neutral = None, True
+
+  def __init__(self, exc: BaseException):
+    self.exc, self.traceback = exc, exc.__traceback__
+
+  def deliver(self, count: int) -> None:
+    del count
+    # (Each run's report shows where reading failed, once.)
+    raise self.exc.with_traceback(self.traceback)
+
+
+class _Steps:
+  """A vectorised target that joins calls (a metrics row): a run's calls
+  in one ``deliver_steps``, as a run of its own would be."""
+
+  scope, neutral = None, False
+
+  def __init__(self, target, context, columns):
+    self.target, self.context, self.at = target, context, 0
+    rank = len(context.batch_levels)
+    self.columns = [np.moveaxis(c, 0, rank) if rank else c for c in columns]
+    self.rank = rank
+
+  def deliver(self, count: int) -> None:
+    at, rank = self.at, self.rank
+    self.at = at + count
+    pick = (slice(None),) * rank + (slice(at, at + count),)
+    calls.run(Steps(self.target, count), [c[pick] for c in self.columns],
+              self.context, asynchronous=True)
+
+
+class _Lines:
+  """A print: each call's lines formatted with the site's others, each
+  run's written at once."""
+
+  scope, neutral = None, True
+
+  def __init__(self, target, context, writer, lines, per_call):
+    self.target, self.context, self.write = target, context, writer.write_lines
+    self.lines, self.per_call, self.at = lines, per_call, 0
+    self.tally = context._tally
+
+  def deliver(self, count: int) -> None:
+    at = self.at
+    self.at = at + count * self.per_call
+    text = (self.lines[at] if self.at == at + 1
+            else "".join(self.lines[at:self.at]))
+    if self.tally is not None:  # each a run of its program
+      self.tally.add(count)
+    swap_call_context(self.context)
+    calls.each(self.target, self.write, (text,), self.context, single=True)
+
+
+class _Each:
+  """Any other target: each call in turn (``calls.each``), its arguments
+  views of the site's columns."""
+
+  neutral = False
+
+  def __init__(self, target, context, columns):
+    self.target, self.context, self.at = target, context, 0
+    self.call = target.caller(context)
+    n = len(columns[0]) if columns else 0
+    at = call_sites.indices(n)
+    self.single = len(columns) == 1
+    if self.single:  # (the common call: no tuple a call)
+      self.flats = list(map(columns[0].__getitem__, at))
+    elif columns:
+      self.flats = list(zip(*[map(c.__getitem__, at) for c in columns]))
+    else:
+      self.flats = None
+    # A factory: a scope is entered again after another site's run.
+    self.scope = (None if target.run_scope(context) is None
+                  else lambda: target.run_scope(context))
+    self.tally = context._tally
+
+  def deliver(self, count: int) -> None:
+    at = self.at
+    self.at = at + count
+    if self.tally is not None:  # each a run of its program
+      self.tally.add(count)
+    swap_call_context(self.context)
+    flats = self.flats[at:at + count] if self.flats is not None else [()] * count
+    calls.each(self.target, self.call, flats, self.context, self.single)
