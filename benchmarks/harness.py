@@ -47,6 +47,7 @@ ROWS = (
     ("busy main thread", rows_taps.busy_main_thread),
     ("progress bar and metrics", rows_apps.progress_bar),
     ("progress bar and metrics", rows_apps.progress_bar_postfix),
+    ("progress bar and metrics", rows_apps.short_loop_bar),
     ("progress bar and metrics", rows_apps.metrics_rows),
     ("peers", rows_apps.peers),
     ("steered loops", rows_apps.steered_loops),

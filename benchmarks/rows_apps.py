@@ -38,6 +38,53 @@ def progress_bar(b: Bench) -> list[dict]:
                None, "vs the plain scan with one jax.debug.callback")]
 
 
+SHORT = 100  # the steps of a short loop's bar
+SHORT_CALLS = 200  # the calls of the Python loop that times it
+
+
+def short_loop_bar(b: Bench) -> list[dict]:
+  """A short loop's bar: a ``hostcall.jit`` step whose ``progress.scan``
+  of ``SHORT`` steps opens, ticks and closes a bar each call, called from
+  a Python loop, against tqdm's own bar over a Python loop as long, in the
+  same run (every bar drawn and closed before each clock stops)."""
+  from tqdm import tqdm
+  sink = io.StringIO()
+
+  def step(carry, _):
+    return jnp.tanh(carry), None
+
+  run = hostcall.jit(lambda x: hostcall.progress.scan(
+      step, x, None, length=SHORT, file=sink)[0])
+  x = jnp.linspace(-1.0, 1.0, 16, dtype=jnp.float32)
+
+  def bars() -> float:
+    start = time.perf_counter()
+    for _ in range(SHORT_CALLS):
+      out = run(x)
+    jax.block_until_ready(out)
+    hostcall.barrier()
+    return (time.perf_counter() - start) / SHORT_CALLS
+
+  def tqdm_bars() -> float:
+    start = time.perf_counter()
+    for _ in range(SHORT_CALLS):
+      for _ in tqdm(range(SHORT), file=sink):
+        pass
+    return (time.perf_counter() - start) / SHORT_CALLS
+
+  bars(), tqdm_bars()  # compiled, and tqdm's monitor started
+  times, ratios = [], []
+  for _ in range(3 * b.repeats):
+    took, base = bars(), tqdm_bars()
+    sink.seek(0)
+    sink.truncate()
+    times.append(took)
+    ratios.append(took / base)
+  return [row(f"{SHORT}-step bar under hostcall.jit / tqdm's own bar",
+              statistics.median(times) * 1e6, statistics.median(ratios), 2.0,
+              f"per call of a Python loop; tqdm over range({SHORT})")]
+
+
 def progress_bar_postfix(b: Bench) -> list[dict]:
   """A bar showing the step's loss (``progress.set_postfix``), against the
   same bar loop without it: what the postfix adds, the value riding in the

@@ -275,6 +275,8 @@ def test_benchmark_smoke_run(tmp_path):
   # target: 0.02x over it); and no hint that hostcall.jit would be faster
   # from the jax.jit loops some rows measure on purpose.
   assert "7. progress bar + set_postfix(loss) / the bar alone" in proc.stdout
+  # Issue 55: a short loop's bar, paired with tqdm's own in the same run.
+  assert "7. 100-step bar under hostcall.jit / tqdm's own bar" in proc.stdout
   assert "SlowDispatchWarning" not in proc.stderr
   assert "9. interruptible loop, no bar (Ctrl-C, time limit)" in proc.stdout
   assert "9. ... stopped by a host predicate (stop_when)" in proc.stdout
