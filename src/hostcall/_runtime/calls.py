@@ -174,13 +174,13 @@ def each(target: HostTarget, call: Callable, flats: Iterable,
       try:
         call(arg)
       except BaseException as exc:  # noqa: BLE001 - a tap must never kill the run
-        _failed(target, exc, context)
+        failed(target, exc, context)
     return
   for flat_args in flats:
     try:
       call(*flat_args)
     except BaseException as exc:  # noqa: BLE001 - a tap must never kill the run
-      _failed(target, exc, context)
+      failed(target, exc, context)
 
 
 def run_lines(target: HostTarget, columns: list, context: CallContext
@@ -207,7 +207,7 @@ def run_lines(target: HostTarget, columns: list, context: CallContext
     try:
       writer.write_lines(text)
     except BaseException as exc:  # noqa: BLE001 - a tap must never kill the run
-      _failed(target, exc, context)
+      failed(target, exc, context)
   return True
 
 
@@ -229,10 +229,10 @@ def deliver(target: HostTarget, flat_args: Sequence[np.ndarray],
     out = target.deliver(flat_args, context)
     return tuple(out) if target.on_error == "fail" else ()
   except BaseException as exc:  # noqa: BLE001 - a tap must never kill the run
-    return _failed(target, exc, context)
+    return failed(target, exc, context)
 
 
-def _failed(target: HostTarget, exc: BaseException, context: CallContext
+def failed(target: HostTarget, exc: BaseException, context: CallContext
             ) -> tuple:
   """The failure policy of a host function that raised ``exc``: postponed
   to the barrier (returns ``()``), or raised as ``Stopped``/``Contained``
@@ -258,7 +258,13 @@ def _failed(target: HostTarget, exc: BaseException, context: CallContext
 
 
 #: Where hostcall calls host functions (see ``is_host_function_entry``).
-_ENTRY_CODES = frozenset({deliver.__code__, each.__code__})
+_ENTRY_CODES = {deliver.__code__, each.__code__}
+
+
+def calls_host_functions(*functions) -> None:
+  """Marks ``functions`` as places that call host functions themselves,
+  as ``each`` does (see ``is_host_function_entry``)."""
+  _ENTRY_CODES.update(f.__code__ for f in functions)
 
 
 def _zeros(result_avals) -> tuple:

@@ -22,27 +22,40 @@ from hostcall._runtime import call_sites, calls, errors
 from hostcall._runtime.call_sites import sites
 
 
-def deliver(batch, after_run) -> None:
+def deliver(batch, consumer, bypassed) -> None:
   """Delivers every call of ``batch`` (a ``native_queue.Interleaved`` whose
-  sites are all joinable) in queue order; ``after_run()`` after each run.
-  A site that cannot be read fails each of its runs alone, postponed."""
+  sites are all joinable) in queue order; after each run where
+  ``consumer._bypassing``, ``bypassed()``. A site that cannot be read
+  fails each of its runs alone, postponed."""
   prepared = {site: _prepare(site, packed)
               for site, packed in batch.by_site().items()}
-  order = batch.order()
+  run_sites, counts = batch.order()
   batch.clear()
-  scopes = _Scopes()
+  runs = zip([prepared[site] for site in run_sites], counts)
   # Asynchronous delivery for the whole batch; each run's context is
   # swapped in (calling() a run would cost more than a small call).
   with calling(None, True):
-    try:
-      for site, count in zip(*order):
-        one = prepared[site]
+    if not any(one.scope is not None for one in prepared.values()):
+      for one, count in runs:
         try:
-          scopes.enter(one)
           one.deliver(count)
         except BaseException as exc:  # noqa: BLE001 - the consumer never dies
-          errors.postpone(exc, f"delivering a queued call of site {site}")
-        after_run()
+          errors.postpone(exc, f"delivering a queued call of site {one.site}")
+        if consumer._bypassing:
+          bypassed()
+      return
+    runs = list(runs)
+    scopes = _Scopes()
+    try:
+      for (one, count), worth in zip(runs, _worth_a_scope(runs)):
+        try:
+          if one.scope is not None or not one.neutral:
+            scopes.enter(one, worth)
+          one.deliver(count)
+        except BaseException as exc:  # noqa: BLE001 - the consumer never dies
+          errors.postpone(exc, f"delivering a queued call of site {one.site}")
+        if consumer._bypassing:
+          bypassed()
     finally:
       scopes.close()
 
@@ -51,21 +64,25 @@ class _Scopes:
   """The run scope in force (``HostTarget.run_scope``: JAX's contexts of
   ``jax.debug.callback``'s calls), entered once for many runs: it stays
   entered over the runs of its site and of sites that run no host function
-  of their own (``_Lines``, whose text is written alike in any scope), and
-  is left before any other site's run."""
+  of their own (``neutral``: a print's text is written alike in any scope),
+  and is left before any other site's run."""
 
   def __init__(self):
     self._site = self._open = None
 
-  def enter(self, one) -> None:
+  def enter(self, one, worth: bool) -> None:
+    """Puts in force what ``one``'s run runs in: its site's scope, kept,
+    or entered where ``worth`` it (else its calls enter JAX's contexts
+    each, as a call of its own does); no other site's scope."""
     if one.scope is None:
-      if one.neutral or self._open is None:
-        return
-      self.close()
+      if not one.neutral:
+        self.close()
       return
     if self._site is one:
       return
     self.close()
+    if not worth:
+      return
     # (A scope fails here where it would have failed around the run.)
     scope = one.scope()
     scope.__enter__()
@@ -77,6 +94,25 @@ class _Scopes:
       scope.__exit__(None, None, None)
 
 
+def _worth_a_scope(runs: list) -> list:
+  """For each run, whether entering its site's scope there pays: it would
+  stay entered for more than one call (``_Scopes``: over the site's next
+  runs, until another site's host function runs). Entering one costs
+  about three times what a call pays to enter JAX's contexts itself."""
+  worth = [False] * len(runs)
+  first = served = None
+  for i, (one, count) in enumerate(runs):
+    if one.scope is not None and first is not None and runs[first][0] is one:
+      served += count
+    elif one.scope is not None or not one.neutral:
+      if first is not None:
+        worth[first] = served > 1
+      first, served = (i, count) if one.scope is not None else (None, None)
+  if first is not None:
+    worth[first] = served > 1
+  return worth
+
+
 def _prepare(site: int, packed):
   """What delivers ``packed``'s calls (one site's, in queue order) a run at
   a time: the site's reading, or the failure to read it."""
@@ -84,15 +120,15 @@ def _prepare(site: int, packed):
     target, context, layouts = sites.get(site)
     columns = call_sites.read_columns(target, layouts, packed)
     if target.deliver_steps is not None and target.joins_calls:
-      return _Steps(target, context, columns)
+      return _Steps(site, target, context, columns)
     writer = target.lines_writer(context)
     if writer is not None:
       lines = _lines(writer, columns)
       if lines is not None:
-        return _Lines(target, context, writer, *lines)
-    return _Each(target, context, columns)
+        return _Lines(site, target, context, writer, *lines)
+    return _Each(site, target, context, columns)
   except BaseException as exc:  # noqa: BLE001 - its runs fail, postponed
-    return _Failed(exc)
+    return _Failed(site, exc)
 
 
 def _lines(writer, columns):
@@ -116,8 +152,8 @@ class _Failed:
 
   scope, neutral = None, True
 
-  def __init__(self, exc: BaseException):
-    self.exc, self.traceback = exc, exc.__traceback__
+  def __init__(self, site: int, exc: BaseException):
+    self.site, self.exc, self.traceback = site, exc, exc.__traceback__
 
   def deliver(self, count: int) -> None:
     del count
@@ -131,8 +167,8 @@ class _Steps:
 
   scope, neutral = None, False
 
-  def __init__(self, target, context, columns):
-    self.target, self.context, self.at = target, context, 0
+  def __init__(self, site, target, context, columns):
+    self.site, self.target, self.context, self.at = site, target, context, 0
     rank = len(context.batch_levels)
     self.columns = [np.moveaxis(c, 0, rank) if rank else c for c in columns]
     self.rank = rank
@@ -151,31 +187,33 @@ class _Lines:
 
   scope, neutral = None, True
 
-  def __init__(self, target, context, writer, lines, per_call):
-    self.target, self.context, self.write = target, context, writer.write_lines
-    self.lines, self.per_call, self.at = lines, per_call, 0
-    self.tally = context._tally
+  def __init__(self, site, target, context, writer, lines, per_call):
+    self.site, self.target, self.context = site, target, context
+    self.write, self.lines, self.per_call = writer.write_lines, lines, per_call
+    self.at, self.tally = 0, context._tally
 
   def deliver(self, count: int) -> None:
     at = self.at
-    self.at = at + count * self.per_call
-    text = (self.lines[at] if self.at == at + 1
-            else "".join(self.lines[at:self.at]))
+    self.at = end = at + count * self.per_call
     if self.tally is not None:  # each a run of its program
       self.tally.add(count)
     swap_call_context(self.context)
-    calls.each(self.target, self.write, (text,), self.context, single=True)
+    try:
+      self.write(self.lines[at] if end == at + 1
+                 else "".join(self.lines[at:end]))
+    except BaseException as exc:  # noqa: BLE001 - a tap must never kill the run
+      calls.failed(self.target, exc, self.context)
 
 
 class _Each:
-  """Any other target: each call in turn (``calls.each``), its arguments
-  views of the site's columns."""
+  """Any other target: each call in turn (as ``calls.each``), its
+  arguments views of the site's columns."""
 
   neutral = False
 
-  def __init__(self, target, context, columns):
-    self.target, self.context, self.at = target, context, 0
-    self.call = target.caller(context)
+  def __init__(self, site, target, context, columns):
+    self.site, self.target, self.context = site, target, context
+    self.call, self.at, self.tally = target.caller(context), 0, context._tally
     n = len(columns[0]) if columns else 0
     at = call_sites.indices(n)
     self.single = len(columns) == 1
@@ -188,7 +226,6 @@ class _Each:
     # A factory: a scope is entered again after another site's run.
     self.scope = (None if target.run_scope(context) is None
                   else lambda: target.run_scope(context))
-    self.tally = context._tally
 
   def deliver(self, count: int) -> None:
     at = self.at
@@ -196,5 +233,20 @@ class _Each:
     if self.tally is not None:  # each a run of its program
       self.tally.add(count)
     swap_call_context(self.context)
-    flats = self.flats[at:at + count] if self.flats is not None else [()] * count
+    if count == 1 and self.flats is not None:
+      # (The common run of an interleaved batch: one call, no loop.)
+      try:
+        if self.single:
+          self.call(self.flats[at])
+        else:
+          self.call(*self.flats[at])
+      except BaseException as exc:  # noqa: BLE001 - a tap must never kill the run
+        calls.failed(self.target, exc, self.context)
+      return
+    flats = (self.flats[at:at + count] if self.flats is not None
+             else [()] * count)
     calls.each(self.target, self.call, flats, self.context, self.single)
+
+
+# Host functions are called from these (see ``calls.is_host_function_entry``).
+calls.calls_host_functions(_Lines.deliver, _Each.deliver)

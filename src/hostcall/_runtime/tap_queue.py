@@ -305,20 +305,20 @@ class Consumer:
     counts its calls delivered (its bytes let go of first)."""
     n = len(batch)
 
-    def after_run():
-      if self._bypassing:
-        self._bypassing = False
-        q.set_bypass(False)
+    def bypassed():
+      self._bypassing = False
+      q.set_bypass(False)
 
     self._delivering = True
     try:
-      interleaved.deliver(batch, after_run)
+      interleaved.deliver(batch, self, bypassed)
     except BaseException as exc:  # noqa: BLE001 - the consumer never dies
       errors.postpone(exc, "delivering queued calls")
     finally:
       batch.clear()
       self._delivering = False
-      after_run()
+      if self._bypassing:
+        bypassed()
       with self._done:
         self._delivered += n
         self._done.notify_all()
