@@ -14,9 +14,12 @@ failing alone, postponed to the barrier.
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
-from hostcall._core.context import calling, swap_call_context
+from hostcall._core import context as _context
+from hostcall._core.context import calling
 from hostcall._core.targets import Steps
 from hostcall._runtime import call_sites, calls, errors
 from hostcall._runtime.call_sites import sites
@@ -33,7 +36,7 @@ def deliver(batch, consumer, bypassed) -> None:
   batch.clear()
   runs = zip([prepared[site] for site in run_sites], counts)
   # Asynchronous delivery for the whole batch; each run's context is
-  # swapped in (calling() a run would cost more than a small call).
+  # set (calling() a run would cost more than a small call).
   with calling(None, True):
     if not any(one.scope is not None for one in prepared.values()):
       for one, count in runs:
@@ -189,18 +192,18 @@ class _Lines:
 
   def __init__(self, site, target, context, writer, lines, per_call):
     self.site, self.target, self.context = site, target, context
-    self.write, self.lines, self.per_call = writer.write_lines, lines, per_call
-    self.at, self.tally = 0, context._tally
+    self.write, self.per_call = writer.write_lines, per_call
+    self.lines, self.tally = iter(lines), context._tally
 
   def deliver(self, count: int) -> None:
-    at = self.at
-    self.at = end = at + count * self.per_call
+    n = count * self.per_call
+    text = (next(self.lines) if n == 1
+            else "".join(itertools.islice(self.lines, n)))
     if self.tally is not None:  # each a run of its program
       self.tally.add(count)
-    swap_call_context(self.context)
+    _thread.context = self.context
     try:
-      self.write(self.lines[at] if end == at + 1
-                 else "".join(self.lines[at:end]))
+      self.write(text)
     except BaseException as exc:  # noqa: BLE001 - a tap must never kill the run
       calls.failed(self.target, exc, self.context)
 
@@ -213,40 +216,42 @@ class _Each:
 
   def __init__(self, site, target, context, columns):
     self.site, self.target, self.context = site, target, context
-    self.call, self.at, self.tally = target.caller(context), 0, context._tally
+    self.call, self.tally = target.caller(context), context._tally
     n = len(columns[0]) if columns else 0
     at = call_sites.indices(n)
     self.single = len(columns) == 1
     if self.single:  # (the common call: no tuple a call)
-      self.flats = list(map(columns[0].__getitem__, at))
+      flats = map(columns[0].__getitem__, at)
     elif columns:
-      self.flats = list(zip(*[map(c.__getitem__, at) for c in columns]))
+      flats = zip(*[map(c.__getitem__, at) for c in columns])
     else:
-      self.flats = None
+      flats = [()] * n
+    self.flats = iter(list(flats))
     # A factory: a scope is entered again after another site's run.
     self.scope = (None if target.run_scope(context) is None
                   else lambda: target.run_scope(context))
 
   def deliver(self, count: int) -> None:
-    at = self.at
-    self.at = at + count
     if self.tally is not None:  # each a run of its program
       self.tally.add(count)
-    swap_call_context(self.context)
-    if count == 1 and self.flats is not None:
+    _thread.context = self.context
+    if count == 1:
       # (The common run of an interleaved batch: one call, no loop.)
       try:
         if self.single:
-          self.call(self.flats[at])
+          self.call(next(self.flats))
         else:
-          self.call(*self.flats[at])
+          self.call(*next(self.flats))
       except BaseException as exc:  # noqa: BLE001 - a tap must never kill the run
         calls.failed(self.target, exc, self.context)
       return
-    flats = (self.flats[at:at + count] if self.flats is not None
-             else [()] * count)
-    calls.each(self.target, self.call, flats, self.context, self.single)
+    calls.each(self.target, self.call, itertools.islice(self.flats, count),
+               self.context, self.single)
 
+
+#: This thread's call context, set for each run (``swap_call_context``
+#: without its look at the one before: ``deliver`` restores that once).
+_thread = _context._current
 
 # Host functions are called from these (see ``calls.is_host_function_entry``).
 calls.calls_host_functions(_Lines.deliver, _Each.deliver)
