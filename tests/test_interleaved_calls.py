@@ -139,7 +139,8 @@ def test_a_batch_is_delivered_site_by_site_in_queue_order():
 
 
 def _site_values(k, c):
-  """Site ``k``'s operands at step ``c``: sizes differ from site to site."""
+  """Site ``k``'s operands at step ``c``: sizes differ from site to site
+  (and a site without operands follows them)."""
   return [(c + k).astype(jnp.float32),
           jnp.full((k % 3 + 1,), c * k).astype(jnp.int8),
           jnp.stack([c, -c]).astype(jnp.float32) * k][: 1 + k % 3]
@@ -155,6 +156,7 @@ def _interleaved_program(n_sites, seen):
     def body(c, _):
       for k in range(n_sites):
         hostcall.debug_callback(note(k), *_site_values(k, c))
+      hostcall.debug_callback(note("none"))  # a call without operands
       return c + 1, None
     return jax.lax.scan(body, x, None, length=STEPS)[0]
   return program
@@ -168,6 +170,7 @@ def _expected(n_sites):
                 [int(np.array(c * k).astype(np.int8))] * (k % 3 + 1),
                 [float(c * k), float(-c * k)]][: 1 + k % 3]
       out.append((k, *values))
+    out.append(("none",))
   return out
 
 
@@ -178,7 +181,7 @@ def test_interleaved_sites_are_delivered_in_program_order(
   batches.run(_interleaved_program(n_sites, seen), jnp.int32(0))
   assert seen == _expected(n_sites)
   # (The calls came in one batch or a few: each site in several runs.)
-  assert sum(batches.delivered) >= STEPS * n_sites - n_sites
+  assert sum(batches.delivered) >= STEPS * (n_sites + 1) - n_sites - 1
 
 
 def test_a_failing_call_in_the_middle_of_a_batch(queued, monkeypatch):

@@ -129,7 +129,7 @@ def _prepare(site: int, packed):
       lines = _lines(writer, columns)
       if lines is not None:
         return _Lines(site, target, context, writer, *lines)
-    return _Each(site, target, context, columns)
+    return _Each(site, target, context, columns, packed.count)
   except BaseException as exc:  # noqa: BLE001 - its runs fail, postponed
     return _Failed(site, exc)
 
@@ -214,10 +214,9 @@ class _Each:
 
   neutral = False
 
-  def __init__(self, site, target, context, columns):
+  def __init__(self, site, target, context, columns, n: int):
     self.site, self.target, self.context = site, target, context
     self.call, self.tally = target.caller(context), context._tally
-    n = len(columns[0]) if columns else 0
     at = call_sites.indices(n)
     self.single = len(columns) == 1
     if self.single:  # (the common call: no tuple a call)
