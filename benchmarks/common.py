@@ -41,6 +41,7 @@ TARGETS = {
     "tracking writers": 11,
     "hostcall.jit": 12,
     "compile time": 13,
+    "mixed calls": 14,
 }
 
 

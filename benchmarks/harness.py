@@ -1,8 +1,9 @@
 """hostcall's speed targets, measured against plain JAX in the same run
 (``make bench``, or ``hostcall bench`` from a source checkout).
 
-The rows are in ``rows_taps``, ``rows_apps`` and ``rows_jit`` (one function
-each, or one for rows measured together), each named by what it measures;
+The rows are in ``rows_taps``, ``rows_apps``, ``rows_jit``, ``rows_compile``
+and ``rows_mixed_calls`` (one function each, or one for rows measured
+together), each named by what it measures;
 ``ROWS`` below says which speed target each function's rows measure, and
 ``common.TARGETS`` numbers the targets as docs/performance.md calls them.
 Most rows time a jitted ``lax.scan`` whose step is one 64x64 float32 matmul
@@ -28,6 +29,7 @@ import hostcall
 import rows_apps
 import rows_compile
 import rows_jit
+import rows_mixed_calls
 import rows_taps
 from common import Bench, numbered
 
@@ -55,6 +57,7 @@ ROWS = (
     ("tracking writers", rows_apps.tracking_writers),
     ("hostcall.jit", rows_jit.jit_rows),
     ("compile time", rows_compile.compile_rows),
+    ("mixed calls", rows_mixed_calls.mixed_calls_rows),
 )
 
 

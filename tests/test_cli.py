@@ -286,6 +286,9 @@ def test_benchmark_smoke_run(tmp_path):
   assert "12. one callback a call, hostcall.jit" in proc.stdout
   assert ("13. first call (compile) of a step logging 1000 values"
           in proc.stdout)
+  # Issue 55: several calls in one step, against the sum of each alone.
+  assert "14. 2 calls a step: hp+hc" in proc.stdout
+  assert "14. 10 calls a step: hp+hc+jp+log+hc+hp+log+jp+hc+jc" in proc.stdout
   rows = json.loads((tmp_path / "latest.json").read_text())["rows"]
   assert any(r["row"].startswith("7. progress bar") for r in rows)
 
