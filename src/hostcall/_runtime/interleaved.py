@@ -53,7 +53,11 @@ def deliver(batch, consumer, bypassed) -> None:
       for (one, count), worth in zip(runs, _worth_a_scope(runs)):
         try:
           if one.scope is not None or not one.neutral:
-            scopes.enter(one, worth)
+            try:
+              scopes.enter(one, worth)
+            except BaseException:
+              one.skip(count)  # (not delivered, as a run of its own)
+              raise
           one.deliver(count)
         except BaseException as exc:  # noqa: BLE001 - the consumer never dies
           errors.postpone(exc, f"delivering a queued call of site {one.site}")
@@ -163,6 +167,9 @@ class _Failed:
     # (Each run's report shows where reading failed, once.)
     raise self.exc.with_traceback(self.traceback)
 
+  def skip(self, count: int) -> None:
+    del count
+
 
 class _Steps:
   """A vectorised target that joins calls (a metrics row): a run's calls
@@ -182,6 +189,9 @@ class _Steps:
     pick = (slice(None),) * rank + (slice(at, at + count),)
     calls.run(Steps(self.target, count), [c[pick] for c in self.columns],
               self.context, asynchronous=True)
+
+  def skip(self, count: int) -> None:
+    self.at += count
 
 
 class _Lines:
@@ -206,6 +216,9 @@ class _Lines:
       self.write(text)
     except BaseException as exc:  # noqa: BLE001 - a tap must never kill the run
       calls.failed(self.target, exc, self.context)
+
+  def skip(self, count: int) -> None:
+    _drop(self.lines, count * self.per_call)
 
 
 class _Each:
@@ -246,6 +259,14 @@ class _Each:
       return
     calls.each(self.target, self.call, itertools.islice(self.flats, count),
                self.context, self.single)
+
+  def skip(self, count: int) -> None:
+    _drop(self.flats, count)
+
+
+def _drop(iterator, n: int) -> None:
+  """Takes ``n`` items of ``iterator`` (a run not delivered)."""
+  next(itertools.islice(iterator, n, n), None)
 
 
 #: This thread's call context, set for each run (``swap_call_context``
