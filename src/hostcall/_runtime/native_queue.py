@@ -58,9 +58,9 @@ class NativeQueue:
     """The queued items in runs (see ``runs``; maybe none): the items
     queued from Python with their ``arrays``, the others with ``raw``, the
     operands' bytes; or, where the calls of a few sites alternate (a
-    program that makes several calls), an ``Interleaved`` batch. Once one item is there, waits up to ``gather`` seconds
-    for more to join it, unless someone waits for them (see
-    ``hostcall_pop``)."""
+    program that makes several calls), an ``Interleaved`` batch. Once one
+    item is there, waits up to ``gather`` seconds for more to join it,
+    unless someone waits for them (see ``hostcall_pop``)."""
     lib = self.lib
     n = lib.hostcall_pop(int(timeout * 1000), self.BATCH,
                          int(gather * 1e6), self._handles)
