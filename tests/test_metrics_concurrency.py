@@ -59,13 +59,14 @@ def test_a_writer_slower_than_the_device_holds_it_back_not_memory(
       pending_seen.append(writers._pending_blocks)
 
   run = metrics.Run("slow", root=tmp_path, writers=[Slow(), "memory"])
-  # Another run's row between two of this one's: no two of its calls are
-  # consecutive, so that each comes as its own block (a run of one site's
-  # calls would come as one).
+  # Another run's row between two of this one's, whose rows alternate two
+  # sets of columns: each comes as its own block (a run of one site's
+  # calls would come as one, and so would a batch's rows of one site with
+  # the same columns between other sites' calls).
   other = metrics.Run("other", root=tmp_path, writers=["memory"])
   f = jax.jit(lambda: jax.lax.fori_loop(
-      0, 100, lambda i, c: (run.log(i, v=i * 1.0), other.log(i, u=i), c)[2],
-      0))
+      0, 100, lambda i, c: (run.log(i, v=i * 1.0), other.log(i, u=i),
+                            run.log(i, w=-i * 1.0), c)[3], 0))
   try:
     f()
     with writers._lock:  # the backlog fills up to its bound, and stays there

@@ -29,9 +29,32 @@ def deliver(batch, consumer, bypassed) -> None:
   """Delivers every call of ``batch`` (a ``native_queue.Interleaved`` whose
   sites are all joinable) in queue order; after each run where
   ``consumer._bypassing``, ``bypassed()``. A site that cannot be read
-  fails each of its runs alone, postponed."""
+  fails each of its runs alone, postponed. A site's delivery that keeps
+  something until every call is delivered (a metrics run's rows) has
+  ``finish()`` called then, whatever failed."""
   prepared = {site: _prepare(site, packed)
               for site, packed in batch.by_site().items()}
+  try:
+    _deliver(prepared, batch, consumer, bypassed)
+  finally:
+    _finish(prepared.values())
+
+
+def _finish(prepared) -> None:
+  """Each delivery's ``finish()``, where it has one, in the asynchronous
+  delivery's context; a failure postponed."""
+  finishing = [one for one in prepared if hasattr(one, "finish")]
+  if not finishing:
+    return
+  with calling(None, True):
+    for one in finishing:
+      try:
+        one.finish()
+      except BaseException as exc:  # noqa: BLE001 - the consumer never dies
+        errors.postpone(exc, f"delivering queued calls of site {one.site}")
+
+
+def _deliver(prepared: dict, batch, consumer, bypassed) -> None:
   run_sites, counts = batch.order()
   batch.clear()
   runs = zip([prepared[site] for site in run_sites], counts)
@@ -127,7 +150,11 @@ def _prepare(site: int, packed):
     target, context, layouts = sites.get(site)
     columns = call_sites.read_columns(target, layouts, packed)
     if target.deliver_steps is not None and target.joins_calls:
-      return _Steps(site, target, context, columns)
+      # (A target may join the batch's calls itself: a metrics run's rows.)
+      rows = getattr(target, "interleaved_rows", None)
+      joined = None if rows is None else rows(site, context, columns)
+      return (joined if joined is not None
+              else _Steps(site, target, context, columns))
     writer = target.lines_writer(context)
     if writer is not None:
       lines = _lines(writer, columns)

@@ -12,6 +12,7 @@ import jax
 import numpy as np
 
 from hostcall._apps.metrics.block import Block
+from hostcall._apps.metrics.interleaved_rows import SiteRows
 from hostcall._apps.metrics.sink import RunSink
 from hostcall._core import PostponingTarget, target as _target
 from hostcall._core.targets import Schedule
@@ -77,6 +78,18 @@ class LogTarget(PostponingTarget):
       values = columns
       step = np.repeat(sink.take_steps(steps or 1), lanes)
     member = (np.tile(np.arange(lanes), steps or 1) if batch_rank else None)
+    block = self.rows_block(step, values, context, member)
+    if rows:
+      sink.note_latest(int(step[-1]), {name: v[-1] for name, v in
+                                       block.metrics.items()})
+    sink.put(block)
+
+  def rows_block(self, step: np.ndarray, values: list, context,
+                 member: np.ndarray | None = None) -> Block:
+    """The block of rows at ``step`` of this site's ``values`` (one
+    column a metric it logs on the device, rows first), its text values
+    and index columns added."""
+    sink, rows = self.sink.current(), len(step)
     device = _device_column(context, rows)
     process = (None if sink.process is None
                else np.full(rows, sink.process, dtype=np.int64))
@@ -85,11 +98,16 @@ class LogTarget(PostponingTarget):
       texts = {name: np.full(rows, text) for name, text in self.texts}
       metrics = {name: metrics[name] if name in metrics else texts[name]
                  for name in self.order}
-    if rows:
-      sink.note_latest(int(step[-1]), {name: v[-1] for name, v in
-                                       metrics.items()})
-    sink.put(Block(step, metrics, member, device, process))
+    return Block(step, metrics, member, device, process)
 
+  def interleaved_rows(self, site: int, context, columns: list):
+    """How the calls of this site in a batch where they alternate with
+    other sites' are delivered (``_runtime/interleaved.py``): their rows
+    put once the batch is delivered (``SiteRows``); None under ``vmap``
+    (each run then a ``deliver_steps``)."""
+    if context is None or context.batch_levels:
+      return None
+    return SiteRows(site, self, context, columns)
 
 def _device_column(context, rows: int) -> np.ndarray | None:
   device = getattr(context, "device", None)

@@ -329,6 +329,14 @@ class RunSink:
       first, self._next_step = self._next_step, self._next_step + count
     return np.arange(first, first + count, dtype=np.int64)
 
+  def first_step(self, count: int) -> int:
+    """The first of the next ``count`` step numbers of a run logged
+    without steps (``take_steps`` without the array)."""
+    with self.lock:
+      first = self._next_step
+      self._next_step = first + count
+    return first
+
   def note_latest(self, step: int, values: dict) -> None:
     """Keeps ``step`` and each metric's last value, for ``Run.latest``."""
     latest = self.current().latest
