@@ -663,11 +663,12 @@ def test_debug_callback_on_cpu_does_what_jaxs_implementation_does(caplog):
   assert caplog.records[-1].getMessage() == "jax.debug.callback failed"
 
 
-def test_debug_callback_on_cpu_in_a_runs_scope_does_the_same(caplog):
-  # A run of calls delivered one after another enters JAX's contexts once
-  # (call.scope()): each call sees what it sees in its own, one that fails
-  # is logged and raised alone, and a call a callback makes after changing
-  # the default device still gets the CPU, as under JAX's implementation.
+def test_debug_callback_on_cpu_calls_one_after_another_as_jax_does(caplog):
+  # Calls one after another, JAX's settings swapped in and put back by each:
+  # each call sees what it sees in its own, one that fails is logged and
+  # raised alone, a call a callback makes after changing the default
+  # device still gets the CPU, and what a callback left in force is put
+  # back, as under JAX's implementation.
   from jax._src import debugging
   seen = []
 
@@ -710,21 +711,19 @@ def test_debug_callback_on_cpu_in_a_runs_scope_does_the_same(caplog):
   expected = seen.pop()
   default_before = str(jax.config.jax_default_device)
   mesh_before = str(jax.sharding.get_abstract_mesh())
-  with call.scope():
-    call(np.float32(1))
-    with pytest.raises(ValueError, match="no"):
-      failing_call(np.float32(1))
-    nested(np.float32(1))
-    call(np.float32(1))
-    changing_call(np.float32(1))
-    call(np.float32(1))
+  call(np.float32(1))
+  with pytest.raises(ValueError, match="no"):
+    failing_call(np.float32(1))
+  nested(np.float32(1))
+  call(np.float32(1))
+  changing_call(np.float32(1))
+  call(np.float32(1))
   assert seen[0] == seen[1] == seen[3] == seen[4] == expected
   assert seen[2][0][-1] == 7 and seen[2] == jax_nested[0]
   assert caplog.records[-1].getMessage() == "jax.debug.callback failed"
-  # Outside the scope, nothing of it is left in force.
+  # After the calls, nothing of them is left in force.
   assert str(jax.config.jax_default_device) == default_before
   assert str(jax.sharding.get_abstract_mesh()) == mesh_before
-  assert _jax_private.runtime._scopes.current is None
 
 
 def test_debug_callback_on_cpu_keeps_64_bit_values_traced_under_x64():
@@ -737,8 +736,7 @@ def test_debug_callback_on_cpu_keeps_64_bit_values_traced_under_x64():
        _jax_private.ShapedArray((), np.int64)])
   assert not jax.config.jax_enable_x64
   call(np.float64(1.0000000001), np.int64(2**40 + 1))
-  with call.scope():
-    call(np.float64(1.0000000001), np.int64(2**40 + 1))
+  call(np.array(1.0000000001), np.array(2**40 + 1, np.int64))
   assert seen == [(np.float64, 1.0000000001, np.int64, 2**40 + 1)] * 2
 
 

@@ -5,7 +5,6 @@ JAX's eager implementation does."""
 from __future__ import annotations
 
 import contextlib
-import functools
 import inspect
 import threading
 
@@ -192,20 +191,17 @@ def debug_callback_on_cpu(callback, avals):
   function of NumPy values of ``avals``, or None where it would not be the
   same (a value of an extended dtype or ``float0``; no CPU device).
 
-  (Over 80 lines: one reading of JAX's eager implementation, step by step,
-  each step beside the private names it needs; split, the steps would
-  hand those names around.)
-
   The same: each value a committed ``jax.Array`` on the first CPU device,
   the callback called with that device as the default and, where this JAX
   release sets them (0.8.1 on), no concrete or abstract mesh, and its
-  failure logged on JAX's logger in JAX's words, then raised. Quicker:
-  each value placed by ``batched_device_put`` with the abstract value
-  known beforehand (``device_put`` of a tuple costs about 40 us a call on
-  a CPU, ten times more; the runtime's own ``batched_device_put``, 3 us);
-  a value of another shape or dtype than ``avals`` says is placed by
-  ``device_put`` itself. ``call.scope()`` enters JAX's contexts once for a
-  run of calls (a context manager)."""
+  failure logged on JAX's logger in JAX's words, then raised; what the
+  callback left in force put back as JAX's ``with`` puts it back. Quicker:
+  each value placed by ``batched_device_put`` with the abstract value known
+  beforehand (``device_put`` of a tuple costs ten times more; a value of
+  another type, shape or dtype than ``avals`` says is placed by
+  ``device_put`` itself), and JAX's settings swapped in and put back
+  directly (``_eager_settings``), where its context managers would cost
+  several times more."""
   if any(not isinstance(a, _core.ShapedArray)
          or jax.dtypes.issubdtype(a.dtype, jax.dtypes.extended)
          or a.dtype == jax.dtypes.float0 for a in avals):
@@ -214,124 +210,155 @@ def debug_callback_on_cpu(callback, avals):
     cpu, *_ = _xla_bridge.local_devices(backend="cpu")
   except RuntimeError:
     return None  # (JAX's implementation raises it, in its words)
-  sharding = jax.sharding.SingleDeviceSharding(cpu)
-  placed = [(_core.ShapedArray(a.shape, a.dtype), a.shape, np.dtype(a.dtype))
-            for a in avals]
-  # (JAX's implementation empties both meshes from 0.8.1 on.)
-  uses_empty_meshes = jax.__version_info__[:3] >= (0, 8, 1)
+  put = _placer(cpu)
+  placed = [put(a) for a in avals]
+  enter, leave = _eager_settings(cpu)
+  log = _debugging.logger.exception
 
-  def put(value, aval, shape, dtype):
-    if isinstance(value, np.generic):
-      value = np.asarray(value)
-    if (type(value) is np.ndarray and value.shape == shape
-        and value.dtype == dtype):
-      # (What pxla.batched_device_put calls for a NumPy value, without
-      # its checks for jax.Arrays: a fifth of the cost.)
-      # (x64 allowed: the value has the program's dtype already, where
-      # this thread's default would narrow a float64 traced under
-      # enable_x64.)
-      return _xla_client.batched_device_put(aval, sharding, [value], [cpu],
-                                            True, enable_x64=True)
-    return jax.device_put(value, cpu)
+  if len(placed) == 1:  # (the common call: no list a call)
+    (one,) = placed
+    users = _positional_function(callback, 1)
 
-  def run(arrays):
-    try:
-      callback(*arrays)
-    except BaseException:
-      _debugging.logger.exception("jax.debug.callback failed")
-      raise
+    def call(value):
+      array = one(value)
+      before = enter()
+      try:
+        users(array)
+      except BaseException:
+        log("jax.debug.callback failed")
+        raise
+      finally:
+        leave(before)
+      return ()
+    return call
 
-  # ``contexts()`` for a run's scope; ``in_contexts`` spells the same out
-  # for a call of its own, since an ExitStack there would cost about a
-  # microsecond a call.
-  if uses_empty_meshes:
-    concrete, abstract = _mesh.empty_concrete_mesh, _mesh.empty_abstract_mesh
-
-    def contexts():
-      return (_config.default_device(cpu),
-              _sharding_impls._internal_use_concrete_mesh(concrete),
-              _mesh.use_abstract_mesh(abstract))
-
-    def in_force():
-      return (_config.default_device.value, _mesh.get_abstract_mesh(),
-              _mesh.get_concrete_mesh())
-
-    def in_contexts(arrays):
-      with (_config.default_device(cpu),
-            _sharding_impls._internal_use_concrete_mesh(concrete),
-            _mesh.use_abstract_mesh(abstract)):
-        run(arrays)
-  else:
-    def contexts():
-      return (_config.default_device(cpu),)
-
-    def in_force():
-      return (_config.default_device.value,)
-
-    def in_contexts(arrays):
-      with _config.default_device(cpu):
-        run(arrays)
+  users = _positional_function(callback, len(placed))
 
   def call(*values):
-    arrays = [put(v, *p) for v, p in zip(values, placed)]
-    scope = _scopes.current
-    if scope is None:
-      in_contexts(arrays)
-      return ()
-    # In a run's scope: JAX's contexts are in force. None while the
-    # callback runs, so that a call it makes enters its own.
-    _scopes.current = None
+    arrays = [put_one(v) for put_one, v in zip(placed, values)]
+    before = enter()
     try:
-      run(arrays)
+      users(*arrays)
+    except BaseException:
+      log("jax.debug.callback failed")
+      raise
     finally:
-      _scopes.current = scope
-      scope.restore()
+      leave(before)
     return ()
-
-  # Entering JAX's contexts costs more than placing a scalar: a run of
-  # calls delivered one after another (``calls.run_each``) enters them once.
-  call.scope = functools.partial(_Scope, contexts, in_force)
   return call
 
 
-class _Scopes(threading.local):
-  current = None  # the run's _Scope, where no callback of it runs
+def _flat_callback_codes(code) -> frozenset:
+  """The codes named ``_flat_callback`` defined in ``code``, at any depth."""
+  found = set()
+  for const in code.co_consts:
+    if inspect.iscode(const):
+      if const.co_name == "_flat_callback":
+        found.add(const)
+      found |= _flat_callback_codes(const)
+  return frozenset(found)
 
 
-_scopes = _Scopes()
+# The code of the function ``jax.debug.callback`` stages (defined inside
+# it): the user's function, its arguments put back together from the flat
+# values.
+_FLAT_CALLBACK_CODES = _flat_callback_codes(
+    inspect.unwrap(_debugging.debug_callback).__code__)
 
 
-class _Scope:
-  """JAX's contexts of ``debug_callback_on_cpu``'s calls (``contexts()``)
-  entered once for a run of them, each of which then runs in them as in
-  its own: where a callback changed what is in force (``in_force()``: a
-  ``jax.set_mesh``, a context it entered and left open), they are entered
-  again before the next, as a call of its own would."""
+def _positional_function(callback, n: int):
+  """What calling ``callback`` (a ``debug_callback`` equation's) with ``n``
+  values does, called the same way: the user's function itself where
+  ``callback`` is JAX's flat callback for a ``jax.debug.callback(f, *xs)``
+  of ``n`` array arguments (no static ones, no keywords: ``f`` gets the
+  values as they come), saving the tree put back together a call; else
+  ``callback``."""
+  code = getattr(callback, "__code__", None)
+  if code not in _FLAT_CALLBACK_CODES:
+    return callback
+  held = dict(zip(code.co_freevars,
+                  (cell.cell_contents for cell in callback.__closure__)))
+  positional = jax.tree_util.tree_structure(((0,) * n, {}))
+  if held["static_args"] or held["in_tree"] != positional:
+    return callback
+  return held["callback"]
 
-  def __init__(self, contexts, in_force):
-    self._contexts, self._in_force = contexts, in_force
-    self._stack = self._expected = self._outer = None
 
-  def _enter(self) -> None:
-    self._stack = contextlib.ExitStack()
-    for context in self._contexts():
-      self._stack.enter_context(context)
-    self._expected = self._in_force()
+def _placer(cpu):
+  """``put(aval)``: what places a NumPy value of ``aval`` as JAX's
+  ``device_put(value, cpu)`` places it (a committed single-device array).
+  A NumPy array or scalar of the abstract value's shape and dtype goes
+  straight to the runtime's ``batched_device_put`` (what ``device_put``
+  calls for it, without its dispatch: a tenth of the cost); anything else
+  to ``device_put`` itself."""
+  sharding = jax.sharding.SingleDeviceSharding(cpu)
+  devices = [cpu]
+  batched_device_put = _xla_client.batched_device_put
+  device_put = jax.device_put
 
-  def restore(self) -> None:
-    """Enters the contexts again where a callback changed them."""
-    for now, then in zip(self._in_force(), self._expected):
-      if now is not then:
-        self._stack.close()
-        self._enter()
-        return
+  def put(aval):
+    shape, dtype = aval.shape, np.dtype(aval.dtype)
+    aval = _core.ShapedArray(shape, dtype)
+    plain = (np.ndarray, dtype.type)
 
-  def __enter__(self):
-    self._enter()
-    self._outer, _scopes.current = _scopes.current, self
-    return self
+    def put_one(value):
+      if (type(value) in plain and value.shape == shape
+          and (value.dtype is dtype or value.dtype == dtype)):
+        # (x64 allowed: the value has the program's dtype already, where
+        # this thread's default would narrow a float64 traced under
+        # enable_x64.)
+        return batched_device_put(aval, sharding, [value], devices, True,
+                                  enable_x64=True)
+      return device_put(value, cpu)
+    return put_one
+  return put
 
-  def __exit__(self, *exc_info):
-    _scopes.current = self._outer
-    self._stack.close()
-    return False
+
+def _eager_settings(cpu):
+  """``(enter, leave)``: JAX's thread-local settings that its eager
+  implementation's ``with`` puts in force around the callback (the default
+  device; from 0.8.1 on, empty concrete and abstract meshes), swapped in
+  by ``enter()``, which returns what was in force, and put back by
+  ``leave(that)``: the ``swap_local`` and ``set_local`` its context
+  managers make, without them. Where JAX's default device setting has a
+  thread-local hook (none in the releases hostcall supports), its own
+  context manager runs instead."""
+  default = _config.default_device
+  if default._update_thread_local_hook is not None:
+    return _eager_settings_by_contexts(cpu)
+  if jax.__version_info__[:3] < (0, 8, 1):
+    return (lambda: default.swap_local(cpu)), default.set_local
+  # (Where JAX's own context managers read them: jax._src.config up to
+  # 0.10, jax._src.mesh from 0.11 on.)
+  home = _mesh if hasattr(_mesh, "device_context") else _config
+  concrete, abstract = home.device_context, home.abstract_mesh_context_manager
+  no_concrete, no_abstract = _mesh.empty_concrete_mesh, _mesh.empty_abstract_mesh
+
+  def enter():
+    return (default.swap_local(cpu), concrete.swap_local(no_concrete),
+            abstract.swap_local(no_abstract))
+
+  def leave(before):
+    was_default, was_concrete, was_abstract = before
+    abstract.set_local(was_abstract)
+    concrete.set_local(was_concrete)
+    default.set_local(was_default)
+  return enter, leave
+
+
+def _eager_settings_by_contexts(cpu):
+  """``_eager_settings`` through JAX's own context managers."""
+  def contexts():
+    if jax.__version_info__[:3] < (0, 8, 1):
+      return (_config.default_device(cpu),)
+    return (_config.default_device(cpu),
+            _sharding_impls._internal_use_concrete_mesh(
+                _mesh.empty_concrete_mesh),
+            _mesh.use_abstract_mesh(_mesh.empty_abstract_mesh))
+
+  def enter():
+    stack = contextlib.ExitStack()
+    for context in contexts():
+      stack.enter_context(context)
+    return stack
+  return enter, lambda stack: stack.close()

@@ -146,11 +146,6 @@ class _Eager:
         self.params["callback"], _physical_avals(eqn))
         if eqn.primitive.name == "debug_callback" else None)
 
-  def run_scope(self):
-    """JAX's contexts entered once for a run of calls (see
-    ``CallbackTarget.run_scope``), where this is a debug callback."""
-    return None if self._on_cpu is None else self._on_cpu.scope()
-
   def __call__(self, *args):
     if self._on_cpu is not None:
       self._on_cpu(*args)
@@ -160,6 +155,19 @@ class _Eager:
       return
     outs = _jax_private.io_callback_impl(*args, **self.params)
     _check_as_jax_does(outs, self.params["result_avals"])
+
+
+def _host_function(eqn):
+  """``_Eager(eqn)``, or for a debug callback its placement and call
+  themselves (``debug_callback_on_cpu``'s, named as ``_Eager`` is): the
+  host calls it with no frame between."""
+  eager = _Eager(eqn)
+  call = eager._on_cpu
+  if call is None:
+    return eager
+  call.__name__ = call.__qualname__ = eager.__name__
+  call.__module__ = __name__
+  return call
 
 
 #: Attributes a format field may read that NumPy's arrays answer as JAX's
@@ -264,7 +272,7 @@ def _rewrite(is_jax_callback, eqn, invals):
   if not is_jax_callback(eqn):
     return None
   ordered = _ordered(eqn)
-  eager = _Printed(eqn) if _printed_with_numpy(eqn) else _Eager(eqn)
+  eager = _Printed(eqn) if _printed_with_numpy(eqn) else _host_function(eqn)
   if eqn.primitive.name in _DEBUG:
     stage_debug(eqn.primitive.name, eager, tuple(invals), {},
                 "debug_ordered" if ordered else "unordered", False)
