@@ -91,8 +91,8 @@ def _deliver(prepared: dict, batch, consumer, bypassed) -> None:
 
 
 class _Scopes:
-  """The run scope in force (``HostTarget.run_scope``: JAX's contexts of
-  ``jax.debug.callback``'s calls), entered once for many runs: it stays
+  """The run scope in force (``HostTarget.run_scope``: what a site's calls
+  would each set up alone), entered once for many runs: it stays
   entered over the runs of its site and of sites that run no host function
   of their own (``neutral``: a print's text is written alike in any scope),
   and is left before any other site's run."""
@@ -102,7 +102,7 @@ class _Scopes:
 
   def enter(self, one, worth: bool) -> None:
     """Puts in force what ``one``'s run runs in: its site's scope, kept,
-    or entered where ``worth`` it (else its calls enter JAX's contexts
+    or entered where ``worth`` it (else its calls set up what they need
     each, as a call of its own does); no other site's scope."""
     if one.scope is None:
       if not one.neutral:
@@ -127,8 +127,8 @@ class _Scopes:
 def _worth_a_scope(runs: list) -> list:
   """For each run, whether entering its site's scope there pays: it would
   stay entered for more than one call (``_Scopes``: over the site's next
-  runs, until another site's host function runs). Entering one costs
-  about three times what a call pays to enter JAX's contexts itself."""
+  runs, until another site's host function runs): entering one costs
+  more than what a single call sets up itself."""
   worth = [False] * len(runs)
   first = served = None
   for i, (one, count) in enumerate(runs):
