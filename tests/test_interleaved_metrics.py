@@ -44,7 +44,7 @@ class _Held:
       return deliver(batch, *args)
 
     def counted_put(sink, block):
-      if block is not writer_thread.RESUME:
+      if isinstance(block, hostcall.metrics.Block):
         self.blocks.setdefault(sink.name, []).append(len(block))
       return put(sink, block)
     monkeypatch.setattr(interleaved, "deliver", counted)
@@ -283,3 +283,63 @@ def test_logs_between_callbacks_in_a_fresh_process(native, tmp_path):
           {{"step": 2 * c + 1, "acc": c}})], rows[:4]
       assert hostcall.queue_stats()["native"] == {native == "1"}
   """, env={"HOSTCALL_NATIVE": native})
+
+
+class _Events(hostcall.metrics.Writer):
+  """Keeps what the writer thread hands it, in order."""
+
+  def __init__(self):
+    self.events = []
+
+  def write(self, block):
+    self.events += [("row", r["step"], sorted(r)) for r in block.records()]
+
+  def write_config(self, config):
+    self.events.append(("config", config.get("c")))
+
+
+def test_a_config_change_between_logs_comes_after_the_rows_before_it(
+    queued, monkeypatch, tmp_path):
+  held, events = _Held(monkeypatch), _Events()
+  run = hostcall.metrics.Run("config", root=tmp_path, writers=[events])
+
+  def change(v):
+    run.config.update({"c": int(v)}, allow_val_change=True)
+
+  @hostcall.jit
+  def program(x):
+    def body(c, _):
+      run.log(c, loss=c * 0.5)
+      hostcall.debug_callback(change, c)
+      return c + 1, None
+    return jax.lax.scan(body, x, None, length=STEPS)[0]
+
+  held.run(program, jnp.int32(0))
+  run.close()
+  assert events.events == [e for c in range(STEPS) for e in (
+      ("row", c, ["loss", "step"]), ("config", c))]
+
+
+def test_rows_of_a_site_under_vmap_between_a_sites_rows_keep_their_order(
+    queued, monkeypatch, tmp_path):
+  held, events = _Held(monkeypatch), _Events()
+  run = hostcall.metrics.Run("mixed", root=tmp_path, writers=[events])
+
+  def members(c):
+    run.log(c, w=c * 2.0)
+    return c
+
+  @hostcall.jit
+  def program(x):
+    def body(c, _):
+      run.log(c, loss=c * 0.5)
+      hostcall.debug_callback(lambda v: None, c)
+      jax.vmap(members)(jnp.stack([c, c]))
+      return c + 1, None
+    return jax.lax.scan(body, x, None, length=STEPS)[0]
+
+  held.run(program, jnp.int32(0))
+  run.close()
+  assert events.events == [e for c in range(STEPS) for e in (
+      ("row", c, ["loss", "step"]), ("row", c, ["member", "step", "w"]),
+      ("row", c, ["member", "step", "w"]))]

@@ -78,15 +78,10 @@ class SiteRows:
     self.at += count
 
   def finish(self) -> None:
-    """Puts the rows of the batch's delivered calls of every ``Run.log``
-    site of this site's runs (in program order), then lets go of them."""
+    """Puts the rows noted and not yet put (``put_pending``), then lets go
+    of this site's calls."""
     try:
-      for sink, segments in _taken():
-        for one, group in _stretches(segments):
-          try:
-            sink.put(one._block(group))
-          except BaseException as exc:  # noqa: BLE001 - the others still go
-            calls.failed(one.target, exc, one.context)
+      put_pending()
     finally:
       if self.target.eager:
         self.target.sink.users.eager_calls(-len(self.columns[0]))
@@ -148,12 +143,18 @@ def _pending(sink) -> list:
     return segments
 
 
-def _taken() -> list:
-  """The sinks whose rows were noted on this thread and their rows,
-  forgotten here: the first site of a batch to finish puts every site's
-  (every one is delivered by then)."""
+def put_pending() -> None:
+  """Puts the rows noted on this thread and not yet put, every run's, in
+  program order: once a batch's calls are all delivered, and before
+  anything else this thread hands a run (``RunSink.put``: a config change,
+  a row of a site delivered otherwise), which must come after them."""
   by_sink = getattr(_thread, "by_sink", None)
   if not by_sink:
-    return []
-  _thread.by_sink = {}
-  return list(by_sink.items())
+    return
+  _thread.by_sink = {}  # (so that the puts below find none)
+  for sink, segments in by_sink.items():
+    for one, stretch in _stretches(segments):
+      try:
+        sink.put(one._block(stretch))
+      except BaseException as exc:  # noqa: BLE001 - the others still go
+        calls.failed(one.target, exc, one.context)

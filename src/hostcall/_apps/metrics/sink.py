@@ -29,6 +29,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from hostcall._apps.metrics import (config as _config, files as _files,
+                                    interleaved_rows,
                                     processes as _processes, registry,
                                     writer_thread)
 from hostcall._apps.metrics.block import Block
@@ -345,7 +346,9 @@ class RunSink:
 
   def put(self, block: Block) -> None:
     """Counts ``block`` in (to the current sink) and hands it to the writer
-    thread; raises if the run is closed."""
+    thread; raises if the run is closed. The rows this thread noted
+    and has not put yet (``interleaved_rows``) go first."""
+    interleaved_rows.put_pending()
     sink = self.current()
     while True:
       with sink.lock:
