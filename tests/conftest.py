@@ -87,6 +87,16 @@ def window():
   set_window(tap_queue.DEFAULT_GATHER, tap_queue.IDLE_GATHER)
 
 
+@pytest.fixture
+def queued():
+  """Skips a test of hostcall.jit's queued route where calls become outputs
+  (no native tap queue here); the queue started."""
+  from hostcall._jit import routes
+  hostcall.barrier()
+  if not routes.queues():
+    pytest.skip("no native tap queue here: calls become outputs")
+
+
 @pytest.fixture(params=["queued", "outputs"])
 def jit_route(request, monkeypatch):
   """Both ways hostcall.jit takes a program's calls out: queued from the

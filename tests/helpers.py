@@ -172,3 +172,40 @@ def tensorboard_events(logdir) -> list:
       events.append(event)
       at += 12 + size + 4
   return events
+
+
+class HeldConsumer:
+  """Holds hostcall's delivery thread until a program has queued all its
+  calls, so that they come in one interleaved batch
+  (``hostcall._runtime.interleaved``), and counts the calls of each such
+  batch delivered (``batches``)."""
+
+  def __init__(self, monkeypatch):
+    import numpy as np
+    import hostcall
+    from hostcall._runtime import interleaved
+    self.batches = []
+    self.gate = threading.Event()
+    deliver = interleaved.deliver
+
+    def counted(batch, *args):
+      self.batches.append(len(batch))
+      return deliver(batch, *args)
+    monkeypatch.setattr(interleaved, "deliver", counted)
+    hold = hostcall.jit(
+        lambda x: hostcall.debug_callback(lambda _: self.gate.wait(60), x))
+    self._hold = lambda: hold(np.float32(0))
+
+  def run(self, program, *args, barrier: bool = True):
+    """``program(*args)`` with its calls queued while the consumer waits;
+    then a barrier (with ``barrier``)."""
+    import jax
+    import hostcall
+    self.gate.clear()
+    self._hold()
+    try:
+      jax.block_until_ready(program(*args))
+    finally:
+      self.gate.set()
+    if barrier:
+      hostcall.barrier()

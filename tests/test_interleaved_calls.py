@@ -5,7 +5,6 @@ program order (``interleaved.deliver``), each failing alone."""
 
 import io
 import json
-import threading
 
 import jax
 import jax.numpy as jnp
@@ -15,49 +14,11 @@ import pytest
 import hostcall
 from hostcall._core.context import call_context, make_context
 from hostcall._core.targets import PostponingTarget
-from hostcall._jit import routes
 from hostcall._runtime import call_sites, errors, interleaved, native_queue
 
-from tests.helpers import run_python
+from tests.helpers import HeldConsumer, run_python
 
 STEPS = 40
-
-
-@pytest.fixture
-def queued():
-  hostcall.barrier()  # the native queue started
-  if not routes.queues():
-    pytest.skip("no native tap queue here: calls become outputs")
-
-
-class _Batches:
-  """Counts the interleaved batches delivered, and holds the consumer
-  until a program has queued all its calls (so that they come in one
-  batch)."""
-
-  def __init__(self, monkeypatch):
-    self.delivered = []
-    self.gate = threading.Event()
-    real = interleaved.deliver
-
-    def deliver(batch, *args):
-      self.delivered.append(len(batch))
-      return real(batch, *args)
-    monkeypatch.setattr(interleaved, "deliver", deliver)
-    def hold(x):
-      hostcall.debug_callback(lambda _: self.gate.wait(60), x)
-      return x
-    self.hold = hostcall.jit(hold)
-
-  def run(self, program, *args):
-    """``program(*args)`` with its calls queued while the consumer waits."""
-    self.gate.clear()
-    self.hold(np.float32(0))
-    try:
-      jax.block_until_ready(program(*args))
-    finally:
-      self.gate.set()
-    hostcall.barrier()
 
 
 def test_an_alternating_batch_is_read_once_a_site():
@@ -218,15 +179,15 @@ def _expected(n_sites):
 @pytest.mark.parametrize("n_sites", [2, 3, 10])
 def test_interleaved_sites_are_delivered_in_program_order(
     queued, monkeypatch, n_sites):
-  batches, seen = _Batches(monkeypatch), []
+  batches, seen = HeldConsumer(monkeypatch), []
   batches.run(_interleaved_program(n_sites, seen), jnp.int32(0))
   assert seen == _expected(n_sites)
   # (The calls came in one batch or a few: each site in several runs.)
-  assert sum(batches.delivered) >= STEPS * (n_sites + 1) - n_sites - 1
+  assert sum(batches.batches) >= STEPS * (n_sites + 1) - n_sites - 1
 
 
 def test_a_failing_call_in_the_middle_of_a_batch(queued, monkeypatch):
-  batches, seen = _Batches(monkeypatch), []
+  batches, seen = HeldConsumer(monkeypatch), []
 
   def fails_on_odd(v):
     if int(v) % 2:
@@ -248,14 +209,14 @@ def test_a_failing_call_in_the_middle_of_a_batch(queued, monkeypatch):
       ("before", c), *([("even", c)] if c % 2 == 0 else []), ("after", c))]
   assert f"{STEPS // 2} tap function call(s) raised" in str(raised.value)
   assert f"odd {STEPS - 1}" in str(raised.value)
-  assert sum(batches.delivered) >= 3 * STEPS - 3
+  assert sum(batches.batches) >= 3 * STEPS - 3
   hostcall.barrier()  # the failures were raised once
 
 
 def test_prints_and_callbacks_keep_their_order_on_one_stream(
     queued, monkeypatch):
   # Every kind writes to the same stream: the text is in program order.
-  batches, out = _Batches(monkeypatch), io.StringIO()
+  batches, out = HeldConsumer(monkeypatch), io.StringIO()
 
   @hostcall.jit
   def program(x):
@@ -279,7 +240,7 @@ def test_jax_callbacks_see_jaxs_contexts_and_no_other_call_does(
     queued, monkeypatch):
   # JAX's contexts (its default device) are entered for jax.debug.callback
   # once for many calls; hostcall's callbacks between them never see them.
-  batches, seen = _Batches(monkeypatch), []
+  batches, seen = HeldConsumer(monkeypatch), []
 
   def probe(kind):
     return lambda v: seen.append((kind, jax.config.jax_default_device,
@@ -303,7 +264,7 @@ def test_jax_callbacks_see_jaxs_contexts_and_no_other_call_does(
 
 
 def test_metrics_rows_between_other_calls(queued, monkeypatch, tmp_path):
-  batches, seen = _Batches(monkeypatch), []
+  batches, seen = HeldConsumer(monkeypatch), []
   run = hostcall.metrics.Run("interleaved", root=tmp_path)
 
   @hostcall.jit

@@ -5,63 +5,33 @@ host function between two of them sees (``Run.latest``, the steps of two
 sites of one run) is what it was call by call."""
 
 import json
-import threading
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 import hostcall
 from hostcall._apps.metrics import sink as sink_module, writer_thread
-from hostcall._jit import routes
-from hostcall._runtime import interleaved
 
-from tests.helpers import run_python
+from tests.helpers import HeldConsumer, run_python
 
 STEPS = 40
 
 
-@pytest.fixture
-def queued():
-  hostcall.barrier()  # the native queue started
-  if not routes.queues():
-    pytest.skip("no native tap queue here: calls become outputs")
-
-
-class _Held:
-  """Holds the consumer until a program has queued all its calls (so that
-  they come in one interleaved batch), and counts the batches and the
-  blocks each run's sink hands to the writer thread."""
+class _Held(HeldConsumer):
+  """``HeldConsumer``, also counting the blocks each run's sink hands to
+  the writer thread."""
 
   def __init__(self, monkeypatch):
-    self.batches, self.blocks = [], {}
-    self.gate = threading.Event()
-    deliver, put = interleaved.deliver, writer_thread.shared.put
-
-    def counted(batch, *args):
-      self.batches.append(len(batch))
-      return deliver(batch, *args)
+    super().__init__(monkeypatch)
+    self.blocks = {}
+    put = writer_thread.shared.put
 
     def counted_put(sink, block):
       if isinstance(block, hostcall.metrics.Block):
         self.blocks.setdefault(sink.name, []).append(len(block))
       return put(sink, block)
-    monkeypatch.setattr(interleaved, "deliver", counted)
     monkeypatch.setattr(writer_thread.shared, "put", counted_put)
-    self.hold = hostcall.jit(
-        lambda x: hostcall.debug_callback(lambda _: self.gate.wait(60), x))
-
-  def run(self, program, *args, barrier=True):
-    """``program(*args)`` with its calls queued while the consumer waits."""
-    self.gate.clear()
-    self.hold(np.float32(0))
-    try:
-      jax.block_until_ready(program(*args))
-    finally:
-      self.gate.set()
-    if barrier:
-      hostcall.barrier()
 
 
 def _rows(root) -> list[dict]:

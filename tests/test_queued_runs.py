@@ -14,13 +14,6 @@ from hostcall._runtime import (call_sites, emission, native_queue,
 from hostcall._jit import routes
 
 
-@pytest.fixture
-def queued():
-  hostcall.barrier()  # the native queue started
-  if not routes.queues():
-    pytest.skip("no native tap queue here: calls become outputs")
-
-
 def _custom_calls(compiled_text: str) -> list:
   return [target for target in ("hostcall_enqueue_threaded",
                                 "hostcall_enqueue_after")

@@ -215,27 +215,9 @@ def debug_callback_on_cpu(callback, avals):
   enter, leave = _eager_settings(cpu)
   log = _debugging.logger.exception
 
-  if len(placed) == 1:  # (the common call: no list a call)
-    (one,) = placed
-    users = _positional_function(callback, 1)
-
-    def call(value):
-      array = one(value)
-      before = enter()
-      try:
-        users(array)
-      except BaseException:
-        log("jax.debug.callback failed")
-        raise
-      finally:
-        leave(before)
-      return ()
-    return call
-
   users = _positional_function(callback, len(placed))
 
-  def call(*values):
-    arrays = [put_one(v) for put_one, v in zip(placed, values)]
+  def run(*arrays):
     before = enter()
     try:
       users(*arrays)
@@ -245,7 +227,12 @@ def debug_callback_on_cpu(callback, avals):
     finally:
       leave(before)
     return ()
-  return call
+
+  if len(placed) == 1:  # (the common call: no list a call)
+    (one,) = placed
+    return lambda value: run(one(value))
+  return lambda *values: run(*[put_one(v)
+                               for put_one, v in zip(placed, values)])
 
 
 def _flat_callback_codes(code) -> frozenset:
