@@ -125,8 +125,9 @@ def test_info_lists_the_registry_s_writers_and_extras(extra_writers, capsys):
 # those before it (writer_thread knows a run only as a Sink).
 LAYERS = ["block", "keys", "config", "writer", "clu", "registry", "files",
           "table", "reading", "jsonl", "csv", "tensorboard", "memory",
-          "mlflow", "wandb", "processes", "writer_thread", "open_runs", "users", "sink",
-          "log_target", "log_args", "run", "plot"]
+          "mlflow", "wandb", "processes", "writer_thread", "open_runs",
+          "users", "interleaved_rows", "sink", "log_target", "log_args",
+          "run", "plot"]
 
 
 def test_the_metrics_modules_are_small_and_import_only_those_before():
