@@ -99,47 +99,6 @@ def test_a_batch_is_delivered_site_by_site_in_queue_order():
   del refs
 
 
-class _FailingScope:
-  """A run scope whose first entry fails."""
-
-  entered = 0
-
-  def __enter__(self):
-    _FailingScope.entered += 1
-    if _FailingScope.entered == 1:
-      raise RuntimeError("no scope")
-    return self
-
-  def __exit__(self, *exc_info):
-    return False
-
-
-class _Scoped(_Noting):
-  def run_scope(self, context):
-    return _FailingScope()
-
-
-def test_a_run_whose_scope_fails_is_left_out_and_the_next_ones_delivered():
-  seen, Layout = [], call_sites.Layout
-  device = jax.devices()[0]
-  a, b = [call_sites.sites.add(target, make_context((), device),
-                               (Layout((), np.int32),), joinable=True)
-          for target in (_Scoped("a", seen), _Noting("b", seen))]
-  order = [a, b, a, a, b, a]  # runs: a, b, a a (its scope entered), b, a
-  sites = np.array([ref.site for ref in order], np.int64)
-  block = np.arange(len(order), dtype=np.int32).view(np.uint8)
-  batch = native_queue.Interleaved.or_runs(
-      sites, np.full(len(order), 4, np.int64), block)
-  errors.take_postponed()
-  _FailingScope.entered = 0
-  interleaved.deliver(batch, _Consumer(), None)
-  assert _FailingScope.entered == 1
-  assert [(name, v) for name, v, _ in seen] == [("a", 0), ("b", 1),
-                                                ("b", 4), ("a", 5)]
-  _, formatted, count = errors.take_postponed()
-  assert count == 1 and "no scope" in formatted
-
-
 def _site_values(k, c):
   """Site ``k``'s operands at step ``c``: sizes differ from site to site
   (and a site without operands follows them)."""

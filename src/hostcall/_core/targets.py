@@ -212,13 +212,6 @@ class HostTarget(KeyedFields):
     (``calls.run_each``)."""
     return lambda *flat_args: self.deliver(flat_args, context)
 
-  def run_scope(self, context: CallContext):
-    """A context manager entered once around a run of this site's calls
-    delivered one after another (``calls.run_each``), for what each call
-    would otherwise set up alone; None (the default) where none."""
-    del context
-    return None
-
   def lines_writer(self, context: CallContext):
     """Where a run of this site's calls in ``context`` may be written at
     once (``calls.run_lines``): an object with ``lines_of(columns)`` (the

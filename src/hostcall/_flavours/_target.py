@@ -193,10 +193,6 @@ class CallbackTarget(CallTarget):
         results.check_results(result, self.result_tree, (), self.who)
     return call
 
-  def run_scope(self, context: CallContext):
-    scope = getattr(self.callback, "run_scope", None)
-    return None if scope is None else scope()
-
   def lines_writer(self, context: CallContext):
     if (self.flavour not in ("debug_print", "debug_callback")
         or context.batch_levels

@@ -48,12 +48,6 @@ class _WithStatic(KeyedFields):
       return self.fn
     return self
 
-  def run_scope(self):
-    """``fn``'s scope for a run of calls (see ``HostTarget.run_scope``),
-    or None."""
-    scope = getattr(self.fn, "run_scope", None)
-    return None if scope is None else scope()
-
   def __call__(self, *dynamic):
     dynamic = iter(dynamic)
     flat = [self.static[i] if i in self.static else next(dynamic)

@@ -22,7 +22,6 @@ the status ``sys.exit()`` asked for, as the ``SystemExit`` would have.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import sys
 from typing import Callable, Iterable, Sequence
@@ -157,16 +156,15 @@ def run_each(target: HostTarget, flats: Iterable, context: CallContext,
     flats = list(flats)
     tally.add(len(flats))
   call = target.caller(context)
-  scope = target.run_scope(context)
-  with calling(context, True), scope or contextlib.nullcontext():
+  with calling(context, True):
     each(target, call, flats, context, single)
 
 
 def each(target: HostTarget, call: Callable, flats: Iterable,
          context: CallContext, single: bool = False) -> None:
-  """``run_each``'s calls, in the call context (and the target's run
-  scope) its caller put in force: ``call`` (``target.caller(context)``)
-  for each of ``flats``, each failing alone."""
+  """``run_each``'s calls, in the call context its caller put in force:
+  ``call`` (``target.caller(context)``) for each of ``flats``, each
+  failing alone."""
   # One frame for the run, not one a call: a small call costs little
   # more than the host function itself.
   if single:

@@ -61,86 +61,13 @@ def _deliver(prepared: dict, batch, consumer, bypassed) -> None:
   # Asynchronous delivery for the whole batch; each run's context is
   # set (calling() a run would cost more than a small call).
   with calling(None, True):
-    if not any(one.scope is not None for one in prepared.values()):
-      for one, count in runs:
-        try:
-          one.deliver(count)
-        except BaseException as exc:  # noqa: BLE001 - the consumer never dies
-          errors.postpone(exc, f"delivering a queued call of site {one.site}")
-        if consumer._bypassing:
-          bypassed()
-      return
-    runs = list(runs)
-    scopes = _Scopes()
-    try:
-      for (one, count), worth in zip(runs, _worth_a_scope(runs)):
-        try:
-          if one.scope is not None or not one.neutral:
-            try:
-              scopes.enter(one, worth)
-            except BaseException:
-              one.skip(count)  # (not delivered, as a run of its own)
-              raise
-          one.deliver(count)
-        except BaseException as exc:  # noqa: BLE001 - the consumer never dies
-          errors.postpone(exc, f"delivering a queued call of site {one.site}")
-        if consumer._bypassing:
-          bypassed()
-    finally:
-      scopes.close()
-
-
-class _Scopes:
-  """The run scope in force (``HostTarget.run_scope``: what a site's calls
-  would each set up alone), entered once for many runs: it stays
-  entered over the runs of its site and of sites that run no host function
-  of their own (``neutral``: a print's text is written alike in any scope),
-  and is left before any other site's run."""
-
-  def __init__(self):
-    self._site = self._open = None
-
-  def enter(self, one, worth: bool) -> None:
-    """Puts in force what ``one``'s run runs in: its site's scope, kept,
-    or entered where ``worth`` it (else its calls set up what they need
-    each, as a call of its own does); no other site's scope."""
-    if one.scope is None:
-      if not one.neutral:
-        self.close()
-      return
-    if self._site is one:
-      return
-    self.close()
-    if not worth:
-      return
-    # (A scope fails here where it would have failed around the run.)
-    scope = one.scope()
-    scope.__enter__()
-    self._site, self._open = one, scope
-
-  def close(self) -> None:
-    scope, self._site, self._open = self._open, None, None
-    if scope is not None:
-      scope.__exit__(None, None, None)
-
-
-def _worth_a_scope(runs: list) -> list:
-  """For each run, whether entering its site's scope there pays: it would
-  stay entered for more than one call (``_Scopes``: over the site's next
-  runs, until another site's host function runs): entering one costs
-  more than what a single call sets up itself."""
-  worth = [False] * len(runs)
-  first = served = None
-  for i, (one, count) in enumerate(runs):
-    if one.scope is not None and first is not None and runs[first][0] is one:
-      served += count
-    elif one.scope is not None or not one.neutral:
-      if first is not None:
-        worth[first] = served > 1
-      first, served = (i, count) if one.scope is not None else (None, None)
-  if first is not None:
-    worth[first] = served > 1
-  return worth
+    for one, count in runs:
+      try:
+        one.deliver(count)
+      except BaseException as exc:  # noqa: BLE001 - the consumer never dies
+        errors.postpone(exc, f"delivering a queued call of site {one.site}")
+      if consumer._bypassing:
+        bypassed()
 
 
 def _prepare(site: int, packed):
@@ -184,8 +111,6 @@ def _lines(writer, columns):
 class _Failed:
   """A site whose calls could not be read: each run raises its failure."""
 
-  scope, neutral = None, True
-
   def __init__(self, site: int, exc: BaseException):
     self.site, self.exc, self.traceback = site, exc, exc.__traceback__
 
@@ -194,15 +119,11 @@ class _Failed:
     # (Each run's report shows where reading failed, once.)
     raise self.exc.with_traceback(self.traceback)
 
-  def skip(self, count: int) -> None:
-    del count
 
 
 class _Steps:
   """A vectorised target that joins calls (a metrics row): a run's calls
   in one ``deliver_steps``, as a run of its own would be."""
-
-  scope, neutral = None, False
 
   def __init__(self, site, target, context, columns):
     self.site, self.target, self.context, self.at = site, target, context, 0
@@ -217,15 +138,11 @@ class _Steps:
     calls.run(Steps(self.target, count), [c[pick] for c in self.columns],
               self.context, asynchronous=True)
 
-  def skip(self, count: int) -> None:
-    self.at += count
 
 
 class _Lines:
   """A print: each call's lines formatted with the site's others, each
   run's written at once."""
-
-  scope, neutral = None, True
 
   def __init__(self, site, target, context, writer, lines, per_call):
     self.site, self.target, self.context = site, target, context
@@ -244,15 +161,11 @@ class _Lines:
     except BaseException as exc:  # noqa: BLE001 - a tap must never kill the run
       calls.failed(self.target, exc, self.context)
 
-  def skip(self, count: int) -> None:
-    _drop(self.lines, count * self.per_call)
 
 
 class _Each:
   """Any other target: each call in turn (as ``calls.each``), its
   arguments views of the site's columns."""
-
-  neutral = False
 
   def __init__(self, site, target, context, columns, n: int):
     self.site, self.target, self.context = site, target, context
@@ -266,9 +179,6 @@ class _Each:
     else:
       flats = [()] * n
     self.flats = iter(list(flats))
-    # A factory: a scope is entered again after another site's run.
-    self.scope = (None if target.run_scope(context) is None
-                  else lambda: target.run_scope(context))
 
   def deliver(self, count: int) -> None:
     if self.tally is not None:  # each a run of its program
@@ -287,13 +197,7 @@ class _Each:
     calls.each(self.target, self.call, itertools.islice(self.flats, count),
                self.context, self.single)
 
-  def skip(self, count: int) -> None:
-    _drop(self.flats, count)
 
-
-def _drop(iterator, n: int) -> None:
-  """Takes ``n`` items of ``iterator`` (a run not delivered)."""
-  next(itertools.islice(iterator, n, n), None)
 
 
 #: This thread's call context, set for each run (``swap_call_context``
