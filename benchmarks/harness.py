@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import pathlib
 import platform
+import sys
 import tempfile
 import warnings
 
@@ -61,15 +62,22 @@ ROWS = (
 )
 
 
-def measure(steps: int, repeats: int) -> list[dict]:
-  """Every row, measured against the same plain scan, each named with its
-  target's number."""
+def groups() -> list[str]:
+  """The groups ``--rows`` may name (each row's target), in ROWS' order."""
+  return list(dict.fromkeys(target for target, _ in ROWS if target))
+
+
+def measure(steps: int, repeats: int, only=None) -> list[dict]:
+  """Every row (or those of the groups ``only`` names), measured against
+  the same plain scan, each named with its target's number."""
   bench = Bench(steps, repeats)
   # Some rows call a jax.jit program from a Python loop on purpose:
   # hostcall's hint that hostcall.jit would be faster is not printed.
   warnings.filterwarnings("ignore", category=hostcall.SlowDispatchWarning)
   rows = []
   for target, rows_of in ROWS:
+    if only and target not in only and rows_of is not rows_taps.plain_scan:
+      continue
     for r in rows_of(bench):
       rows.append({**r, "row": numbered(target, r["row"])})
   return rows
@@ -116,14 +124,23 @@ def _chart(rows, path) -> bool:
 
 def run(args) -> int:
   steps, repeats = (40, 2) if args.smoke else (args.steps, args.repeats)
-  rows = measure(steps, repeats)
+  only = getattr(args, "rows", None)
+  unknown = [name for name in only or () if name not in groups()]
+  if unknown:
+    print(f"hostcall bench: argument --rows: expected one of "
+          f"{', '.join(map(repr, groups()))}; got {unknown[0]!r}. Quote a "
+          f"name with spaces.", file=sys.stderr)
+    return 2
+  rows = measure(steps, repeats, only)
   _print(rows, steps, repeats)
   results = pathlib.Path(args.out or
                          tempfile.mkdtemp(prefix="hostcall-bench-"))
   results.mkdir(parents=True, exist_ok=True)
   (results / "latest.json").write_text(json.dumps(
       {"steps": steps, "repeats": repeats, "jax": jax.__version__,
-       "machine": platform.machine(), "rows": rows}, indent=2))
+       "machine": platform.machine(),
+       # (A run of some groups says so: it is not the whole table.)
+       "groups": only or "all", "rows": rows}, indent=2))
   print(f"results: {results / 'latest.json'}")
   if _chart(rows, results / "latest.png"):
     print(f"chart: {results / 'latest.png'}")

@@ -293,6 +293,26 @@ def test_benchmark_smoke_run(tmp_path):
   assert any(r["row"].startswith("7. progress bar") for r in rows)
 
 
+def test_benchmark_rows_of_one_group(tmp_path):
+  proc = _hostcall("bench", "--smoke", "--rows", "compile time",
+                   "--out", str(tmp_path))
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  written = json.loads((tmp_path / "latest.json").read_text())
+  assert written["groups"] == ["compile time"]
+  rows = [r["row"] for r in written["rows"]]
+  # The plain scan every ratio is against, and the group's rows alone.
+  assert rows[0] == "no callback (64x64 matmul step)"
+  assert len(rows) > 1 and all(r.startswith("13.") for r in rows[1:])
+
+
+def test_benchmark_rows_of_an_unknown_group_exit_2_naming_the_groups():
+  proc = _hostcall("bench", "--smoke", "--rows", "mixed")
+  assert proc.returncode == 2 and proc.stdout == ""
+  assert ("argument --rows: expected one of 'default tap', " in proc.stderr
+          and "'mixed calls'; got 'mixed'" in proc.stderr)
+  assert "Traceback" not in proc.stderr
+
+
 def test_make_bench_script_is_the_same_benchmark(tmp_path):
   # An explicit --out wins over the script's benchmarks/results, which a
   # smoke run must not overwrite.

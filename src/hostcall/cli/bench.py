@@ -26,6 +26,11 @@ def add_arguments(parser) -> None:
                       "(default: 7)")
   parser.add_argument("--smoke", action="store_true",
                       help="tiny sizes: check that the benchmark runs")
+  parser.add_argument("--rows", action="append", default=None,
+                      metavar="GROUP",
+                      help="measure only this group's rows (repeatable), "
+                      "e.g. 'mixed calls'; the plain scan is always "
+                      "measured (default: every group)")
   parser.add_argument("--out", default=None,
                       help="directory for latest.json and latest.png "
                       "(default: a new temporary directory, printed)")
