@@ -191,6 +191,14 @@ class HostTarget(KeyedFields):
   #: step).
   joins_calls: bool = False
 
+  #: Seconds, or None: where set, ``hostcall.jit``'s native queue may drop
+  #: a queued call of this site made less than this long after the last
+  #: one it queued with the same first operand (``enqueue.emit_threaded``),
+  #: because a later call carries all the dropped one would show (a bar's
+  #: tick: its close carries the count and the values). None: each is
+  #: queued.
+  thin_interval: float | None = None
+
   #: The JAX function this call site stands in for, named in failure logs
   #: with JAX's own words ("jax.pure_callback failed"); None if none.
   jax_name: str | None = None

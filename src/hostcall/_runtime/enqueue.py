@@ -60,7 +60,9 @@ def emit_threaded(ctx, target: HostTarget, transforms, device_index: int,
   (with ``returns=False``, none: None). ``packed``: the avals of the values
   packed into the one operand of bytes, if they were. The native handler
   where the emission table routes ``"enqueue"`` to it, else a runtime
-  Python callback that pushes copies (and returns zero)."""
+  Python callback that pushes copies (and returns zero). A target with a
+  ``thin_interval`` gets the handlers that may drop a call
+  (``hostcall_thinned.cc``); the Python callback queues each."""
   consumer = tap_queue.consumer
   consumer.start()
   order_aval, *operand_avals = ctx.avals_in
@@ -96,22 +98,32 @@ def emit_threaded(ctx, target: HostTarget, transforms, device_index: int,
     return results[0] if returns else None
   site = call_sites.sites.add(target, contexts, layouts, joinable=True)
   nbytes = [layout.nbytes for layout in layouts]
-  op = _native_enqueue(
-      ctx, "hostcall_enqueue_threaded" if returns else "hostcall_enqueue_after",
-      site, [order, *operands], [sum(nbytes)] if packed else nbytes)
+  name = "hostcall_enqueue_threaded" if returns else "hostcall_enqueue_after"
+  attributes = {}
+  if target.thin_interval is not None and layouts:
+    # The handler may drop the call (``hostcall_thinned.cc``), keyed by
+    # its site (one device's: ``contexts``) and its first operand's
+    # leading bytes (a bar's handle; a packed operand starts with it).
+    name = ("hostcall_enqueue_thinned" if returns
+            else "hostcall_enqueue_thinned_after")
+    attributes = {"interval_ns": np.int64(round(target.thin_interval * 1e9)),
+                  "key_bytes": np.int64(min(layouts[0].nbytes, 8))}
+  op = _native_enqueue(ctx, name, site, [order, *operands],
+                       [sum(nbytes)] if packed else nbytes, **attributes)
   return op.results[0] if returns else None
 
 
-def _native_enqueue(ctx, name: str, site: call_sites.SiteRef, operands, nbytes):
+def _native_enqueue(ctx, name: str, site: call_sites.SiteRef, operands, nbytes,
+                    **attributes):
   """The FFI custom call ``name`` that copies ``nbytes`` of each queued
   operand into the queue for ``site`` (a leading token or order value,
-  not queued, is not counted)."""
+  not queued, is not counted); ``attributes``: the handler's others."""
   # The custom call names the site by number only: the executable owns what
   # keeps it registered, and releases it with itself.
   _jax_private.keep_with_executable(ctx, site)
   return jax.ffi.build_ffi_lowering_function(name, has_side_effect=True)(
       ctx, *operands, site=np.int64(site.site),
-      nbytes=np.array(nbytes, np.int64))
+      nbytes=np.array(nbytes, np.int64), **attributes)
 
 
 def push_callback(site: call_sites.SiteRef):

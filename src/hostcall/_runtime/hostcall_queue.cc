@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "hostcall_queue.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -233,6 +234,11 @@ ffi::Error EnqueueAfter(int64_t site, ffi::Span<const int64_t> nbytes,
 }
 
 }  // namespace
+
+ffi::Error hostcall::PushTap(int64_t site, ffi::Span<const int64_t> nbytes,
+                             ffi::RemainingArgs args) {
+  return Push(site, nbytes, args);
+}
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     hostcall_enqueue_after, EnqueueAfter,

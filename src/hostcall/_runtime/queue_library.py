@@ -1,6 +1,7 @@
 """The asynchronous queue's native library: ``hostcall_queue.cc`` (the
-``hostcall_enqueue`` FFI handlers and the C functions the consumer calls)
-and the number formatting of ``texts.py``
+``hostcall_enqueue`` FFI handlers and the C functions the consumer calls),
+``hostcall_thinned.cc`` (the handlers of calls the device may drop: a
+bar's ticks) and the number formatting of ``texts.py``
 (``hostcall_texts.cc``), compiled into hostcall's native
 extension when the package is installed and loaded from it by
 ``_runtime/libraries.py`` on first use."""
@@ -42,7 +43,9 @@ LIBRARY = libraries.Library(
     },
     handlers={"enqueue": ("hostcall_enqueue", "hostcall_enqueue_ordered",
                          "hostcall_enqueue_threaded",
-                         "hostcall_enqueue_after")},
+                         "hostcall_enqueue_after",
+                         "hostcall_enqueue_thinned",
+                         "hostcall_enqueue_thinned_after")},
     what="tap queue")
 
 

@@ -79,7 +79,8 @@ def scan_loop(site: int, stop, ticks: bool, f: Callable, init, xs, length,
         reverse=reverse, unroll=unroll, every=every,
         after_chunk=None if not ticks else
         lambda state, ys: _events.tick(site, handle, state[0], (state, ys),
-                                       postfix=(slots.layout, state[2])),
+                                       postfix=(slots.layout, state[2]),
+                                       steered=stop is not None),
         check=None if stop is None else
         lambda state, index: _steerer.steerer().check(handle, index, state),
         flush_steps=FLUSH_STEPS)
@@ -143,7 +144,7 @@ def while_loop(site: int, stop, ticks: bool, cond_fun: Callable,
         after_chunk=None if not ticks else
         lambda count, state: _events.tick(
             site, handle, count, state, cond_fun(state[0]),
-            postfix=(slots.layout, state[1])),
+            postfix=(slots.layout, state[1]), steered=stop is not None),
         check=None if stop is None else
         lambda state, index: _steerer.steerer().check(handle, index, state))
 

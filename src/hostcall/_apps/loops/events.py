@@ -158,9 +158,11 @@ class _Close(_BarTap):
 class _Tick(_BarTap):
   """The step count after a chunk: ``(handle, count, waiting operand, *values[,
   running])``; ``postfix``: the layout of the values the loop's body set
-  (``tick_values.layout_of``), one operand each that is not a text."""
+  (``tick_values.layout_of``), one operand each that is not a text;
+  ``thin_interval``: where ticks may be thinned (``tick``)."""
 
   postfix: tuple = ()
+  thin_interval: float | None = None
   schedule = _QUEUED_EVENT
 
   def deliver(self, flat_args, context):
@@ -366,15 +368,35 @@ def _witness(tree) -> jax.Array:
   return value if value.size else lanes_probe(tree).astype(jnp.float32)
 
 
-def tick(site, handle, count, results, *active, postfix=((), ())):
+def tick(site, handle, count, results, *active, postfix=((), ()),
+         steered: bool = True):
   """The tick after a chunk; ``postfix``: ``(layout, values)``, the values
   the loop's body set (``tick_values``: a layout and the traced values,
-  which ride on the tick)."""
+  which ride on the tick); ``steered``: the loop has a ``stop`` (whose
+  host side follows every tick)."""
   layout, values = postfix
   # Reading the chunk's results keeps the tick after the chunk's steps.
   bind([handle, count, _witness(results), *values, *active],
-       target=_Tick(site, layout), kind="call", delivery="async",
-       ordering="unordered")
+       target=_Tick(site, layout, None if steered else _thinned(site)),
+       kind="call", delivery="async", ordering="unordered")
+
+
+def _thinned(site) -> float | None:
+  """The seconds within which ``hostcall.jit``'s native queue may drop a
+  tick of ``site`` after the last one it queued (``HostTarget.thin_interval``),
+  or None where every tick must reach the host: what the site's bar asks
+  (``tick_interval``; a loop no bar draws asks none). Only a loop that is
+  not steered: its host checks and ``stop_when`` follow every tick.
+
+  The queue keys a tick by its site and its handle, which for a queued
+  open is ``LATEST`` in every invocation of the site: a tick of one
+  invocation may be dropped within the interval after the last queued
+  tick of the one before it. That drops nothing a bar shows: each
+  invocation's open draws its first state and its close, which carries
+  the count and the values of its last step, its last; and such a tick
+  comes less than the interval (a fraction of ``mininterval``) after its
+  own invocation's open, when tqdm would not redraw anyway."""
+  return getattr(_loops.invocations.spec(site), "tick_interval", None)
 
 
 def ticks(stop, tqdm_options) -> bool:

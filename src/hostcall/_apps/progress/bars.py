@@ -23,6 +23,16 @@ from hostcall._apps.progress import postfix as _postfix, tqdm_guard
 #: for a tick as often).
 TICK_INTERVAL = _loops.TICK_INTERVAL
 
+#: The fraction of a bar's ``mininterval`` within which ``hostcall.jit``'s
+#: queue drops a tick after the last one it queued (``tick_interval``).
+#: tqdm redraws at the first update at least ``mininterval`` after its last
+#: draw; with a tick queued at most this fraction of it after any dropped
+#: one, that update comes at most a quarter of ``mininterval`` late: the bar
+#: redraws every 1 to 1.25 ``mininterval`` (tqdm's own loop, every 1), and
+#: a fast loop queues at most four ticks a ``mininterval`` (40 a second by
+#: default), not one a chunk.
+THINNED_TICKS = 0.25
+
 
 @dataclasses.dataclass(frozen=True)
 class BarSpec:
@@ -63,6 +73,16 @@ class BarSpec:
     run of ticks reaching the host at once is drawn at most once anyway,
     and only its last need be drawn."""
     return dict(self.options).get("mininterval", TICK_INTERVAL) == 0
+
+  @property
+  def tick_interval(self) -> float | None:
+    """The seconds within which a tick may be dropped after the last one
+    queued (``loops.events.tick``); None where the bar needs every tick
+    (it draws each) or draws none."""
+    if self.disabled or self.draws_every_tick:
+      return None
+    return THINNED_TICKS * float(dict(self.options).get("mininterval",
+                                                        TICK_INTERVAL))
 
   def leave_at(self, position: int) -> bool:
     """Whether the bar stays on screen when done, drawn at row
