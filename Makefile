@@ -19,7 +19,8 @@ $(BIN)/python:
 # install a second jaxlib, and SciPy, only to read its headers: about 15 s):
 # the build requirements go into the venv first. `pip install .` elsewhere
 # builds in isolation, against the oldest jaxlib (pyproject.toml).
-NATIVE := CMakeLists.txt $(wildcard src/hostcall/*.cc src/hostcall/*/*.cc src/hostcall/*/*/*.cc)
+NATIVE := CMakeLists.txt $(wildcard src/hostcall/*.cc src/hostcall/*/*.cc src/hostcall/*/*/*.cc \
+  src/hostcall/*.h src/hostcall/*/*.h src/hostcall/*/*/*.h)
 # (CMake and Ninja from the package index only where the system has none,
 # as pip's isolated build would.)
 BUILD_REQUIRES := scikit-build-core>=0.11 $(if $(shell command -v cmake),,cmake>=3.18) $(if $(shell command -v ninja),,ninja)
