@@ -2,8 +2,9 @@
 the native queue drops a tick within a fraction of the bar's
 ``mininterval`` after the last one it queued (``hostcall_thinned.cc``), the
 close carrying the count and the values; every tick still reaches a bar
-that draws each (``mininterval=0``), a steered loop, ``jax.jit``'s calls
-and ``HOSTCALL_NATIVE=0``."""
+that draws each (``mininterval=0``), a loop with a ``stop_when``
+predicate, ``jax.jit``'s calls and ``HOSTCALL_NATIVE=0``; a loop steered by
+a time limit or Ctrl-C alone has its ticks thinned as any bar's."""
 
 from __future__ import annotations
 
@@ -118,8 +119,33 @@ def test_a_tick_is_queued_once_its_interval_has_passed(queued):
       ("2/2", tqdm_postfix(v=float(i + 2))) for i in range(calls)]
 
 
-@pytest.mark.parametrize("case", ["mininterval=0", "stop_when",
-                                  "interruptible", "jax.jit"])
+@pytest.mark.parametrize("options", [{"interruptible": True},
+                                     {"time_limit": 3600.0}],
+                         ids=["interruptible", "time_limit"])
+def test_a_loop_steered_without_a_predicate_has_its_ticks_thinned(
+    options, queued):
+  # Its checks are answered by the stop state alone, which no tick feeds:
+  # its bar's ticks are thinned as any bar's, and its result and its bar
+  # are each call's own.
+  out = io.StringIO()
+  run = hostcall.jit(lambda x: progress.scan(
+      _step, x, None, length=STEPS, file=out, desc="bar", **options))
+  calls = 20
+  jax.block_until_ready(run(jnp.zeros(4, jnp.float32)))
+  hostcall.barrier()
+  before = _pushed()
+  results = [run(jnp.full(4, float(i), jnp.float32)) for i in range(calls)]
+  hostcall.barrier()
+  assert _pushed() - before < 10 * calls  # (102 a call, each tick)
+  for i, result in enumerate(results):
+    assert not bool(result.stopped) and int(result.steps) == STEPS
+    np.testing.assert_array_equal(result.value[0],
+                                  np.full(4, i + STEPS, np.float32))
+  finals = re.findall(r"(\d+)/(\d+) \[", out.getvalue())
+  assert finals.count((str(STEPS), str(STEPS))) >= calls
+
+
+@pytest.mark.parametrize("case", ["mininterval=0", "stop_when", "jax.jit"])
 def test_bars_that_need_every_tick_still_queue_each(case, queued):
   out, seen = io.StringIO(), []
   jit, options = hostcall.jit, {}
@@ -127,8 +153,6 @@ def test_bars_that_need_every_tick_still_queue_each(case, queued):
     options = {"mininterval": 0}
   elif case == "stop_when":
     options = {"stop_when": lambda status: seen.append(status.steps) or False}
-  elif case == "interruptible":
-    options = {"interruptible": True}
   else:
     jit = jax.jit
   calls = 10
@@ -137,10 +161,9 @@ def test_bars_that_need_every_tick_still_queue_each(case, queued):
   assert pushed >= (STEPS + 1) * calls
   if case == "stop_when":
     assert seen == list(range(1, STEPS + 1)) * (calls + 1)
-  if case != "interruptible":  # (its bar's desc names Ctrl-C)
-    # (A live open, jax.jit's or maybe a steered loop's, draws the next
-    # bar before the queued close ends the one before.)
-    _assert_each_bar_right(out, calls, first_drawn=case == "mininterval=0")
+  # (A live open, jax.jit's or a predicate loop's, draws the next bar
+  # before the queued close ends the one before.)
+  _assert_each_bar_right(out, calls, first_drawn=case == "mininterval=0")
 
 
 def test_without_the_native_handlers_every_tick_is_queued():

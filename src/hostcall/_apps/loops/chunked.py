@@ -81,7 +81,7 @@ def scan_loop(site: int, stop, ticks: bool, f: Callable, init, xs, length,
         after_chunk=None if not ticks else
         lambda state, ys: _events.tick(site, handle, state[0], (state, ys),
                                        postfix=(slots.layout, state[2]),
-                                       steered=stop is not None),
+                                       steered=_follows_ticks(stop)),
         check=None if stop is None else
         lambda state, index: _steerer.steerer().check(handle, index, state),
         flush_steps=FLUSH_STEPS)
@@ -148,7 +148,8 @@ def while_loop(site: int, stop, ticks: bool, cond_fun: Callable,
         after_chunk=None if not ticks else
         lambda count, state: _events.tick(
             site, handle, count, state, cond_fun(state[0]),
-            postfix=(slots.layout, state[1]), steered=stop is not None),
+            postfix=(slots.layout, state[1]),
+            steered=_follows_ticks(stop)),
         check=None if stop is None else
         lambda state, index: _steerer.steerer().check(handle, index, state))
 
@@ -156,6 +157,14 @@ def while_loop(site: int, stop, ticks: bool, cond_fun: Callable,
   return _ended(site, handle, stop, count, carry,
                 None if stop is None else reason, (slots.layout, carried),
                 on_device)
+
+
+def _follows_ticks(stop) -> bool:
+  """Whether the host side of a loop steered by ``stop`` follows every
+  tick: a ``stop_when`` predicate sees each (the checks wait for it); a
+  time limit and Ctrl-C are the stop state's own, which no tick feeds, so
+  such a loop's ticks are a bar's, thinned as any bar's."""
+  return stop is not None and stop.stop_when is not None
 
 
 def _opens_on_device(stop) -> bool:

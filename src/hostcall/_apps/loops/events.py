@@ -407,8 +407,8 @@ def tick(site, handle, count, results, *active, postfix=((), ()),
          steered: bool = True):
   """The tick after a chunk; ``postfix``: ``(layout, values)``, the values
   the loop's body set (``tick_values``: a layout and the traced values,
-  which ride on the tick); ``steered``: the loop has a ``stop`` (whose
-  host side follows every tick)."""
+  which ride on the tick); ``steered``: the loop's host side follows every
+  tick (a ``stop_when`` predicate: ``chunked._follows_ticks``)."""
   layout, values = postfix
   # Reading the chunk's results keeps the tick after the chunk's steps.
   bind([handle, count, _witness(results), *values, *active],
@@ -420,8 +420,8 @@ def _thinned(site) -> float | None:
   """The seconds within which ``hostcall.jit``'s native queue may drop a
   tick of ``site`` after the last one it queued (``HostTarget.thin_interval``),
   or None where every tick must reach the host: what the site's bar asks
-  (``tick_interval``; a loop no bar draws asks none). Only a loop that is
-  not steered: its host checks and ``stop_when`` follow every tick.
+  (``tick_interval``; a loop no bar draws asks none). Only a loop without a
+  ``stop_when``, which sees every tick.
 
   The queue keys a tick by its site and its handle, which for a queued
   open is ``LATEST`` in every invocation of the site: a tick of one
