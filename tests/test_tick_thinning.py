@@ -166,17 +166,22 @@ def test_bars_that_need_every_tick_still_queue_each(case, queued):
   _assert_each_bar_right(out, calls, first_drawn=case == "mininterval=0")
 
 
-def test_without_the_native_handlers_every_tick_is_queued():
-  # HOSTCALL_NATIVE=0: hostcall.jit's calls are JAX's Python callbacks,
-  # which queue each tick, as before.
-  code = """
-  import io, jax.numpy as jnp, hostcall
+#: What each subprocess's program starts with (``_step``'s twin).
+_SUBPROCESS_STEP = """
+  import io, re, jax, jax.numpy as jnp, hostcall
   from hostcall import progress
 
   def step(carry, _):
     carry = carry + 1.0
     progress.set_postfix(v=carry[0])
     return carry, None
+"""
+
+
+def test_without_the_native_handlers_every_tick_is_queued():
+  # HOSTCALL_NATIVE=0: hostcall.jit's calls are JAX's Python callbacks,
+  # which queue each tick, as before.
+  code = _SUBPROCESS_STEP + """
 
   out = io.StringIO()
   run = hostcall.jit(lambda x: progress.scan(step, x, None, length=100,
@@ -199,14 +204,7 @@ def test_on_several_devices_each_bar_starts_and_ends_right():
   # Each device's program is lowered apart (a site, a thinning key, a
   # device); the i-th call on each device is the i-th invocation of the
   # loop, one bar (its devices' values the same), as under jax.jit.
-  code = """
-  import io, re, jax, jax.numpy as jnp, hostcall
-  from hostcall import progress
-
-  def step(carry, _):
-    carry = carry + 1.0
-    progress.set_postfix(v=carry[0])
-    return carry, None
+  code = _SUBPROCESS_STEP + """
 
   for name, jit in (("jax.jit", jax.jit), ("hostcall.jit", hostcall.jit)):
     out = io.StringIO()

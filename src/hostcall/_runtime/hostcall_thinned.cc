@@ -68,45 +68,46 @@ bool Dropped(int64_t site, int64_t interval_ns, int64_t key_bytes,
   return false;
 }
 
+// The call queued, unless it may be dropped.
+ffi::Error PushUnlessDropped(int64_t site, ffi::Span<const int64_t> nbytes,
+                             int64_t interval_ns, int64_t key_bytes,
+                             ffi::RemainingArgs& args) {
+  if (Dropped(site, interval_ns, key_bytes, args))
+    return ffi::Error::Success();
+  return hostcall::PushTap(site, nbytes, args);
+}
+
 // As hostcall_enqueue_threaded (the order value it returns carries nothing).
 ffi::Error EnqueueThinned(int64_t site, ffi::Span<const int64_t> nbytes,
                           int64_t interval_ns, int64_t key_bytes,
                           ffi::AnyBuffer, ffi::RemainingArgs args,
                           ffi::Result<ffi::AnyBuffer> order) {
   std::memset(order->untyped_data(), 0, order->size_bytes());
-  if (Dropped(site, interval_ns, key_bytes, args))
-    return ffi::Error::Success();
-  return hostcall::PushTap(site, nbytes, args);
+  return PushUnlessDropped(site, nbytes, interval_ns, key_bytes, args);
 }
 
 // As hostcall_enqueue_after: the program's last call, returning nothing.
 ffi::Error EnqueueThinnedAfter(int64_t site, ffi::Span<const int64_t> nbytes,
                                int64_t interval_ns, int64_t key_bytes,
                                ffi::AnyBuffer, ffi::RemainingArgs args) {
-  if (Dropped(site, interval_ns, key_bytes, args))
-    return ffi::Error::Success();
-  return hostcall::PushTap(site, nbytes, args);
+  return PushUnlessDropped(site, nbytes, interval_ns, key_bytes, args);
+}
+
+// Both handlers' attributes and operands (the order value, the operands).
+auto BindThinned() {
+  return ffi::Ffi::Bind()
+      .Attr<int64_t>("site")
+      .Attr<ffi::Span<const int64_t>>("nbytes")
+      .Attr<int64_t>("interval_ns")
+      .Attr<int64_t>("key_bytes")
+      .Arg<ffi::AnyBuffer>()
+      .RemainingArgs();
 }
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(
-    hostcall_enqueue_thinned, EnqueueThinned,
-    ffi::Ffi::Bind()
-        .Attr<int64_t>("site")
-        .Attr<ffi::Span<const int64_t>>("nbytes")
-        .Attr<int64_t>("interval_ns")
-        .Attr<int64_t>("key_bytes")
-        .Arg<ffi::AnyBuffer>()
-        .RemainingArgs()
-        .Ret<ffi::AnyBuffer>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(hostcall_enqueue_thinned, EnqueueThinned,
+                              BindThinned().Ret<ffi::AnyBuffer>());
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(
-    hostcall_enqueue_thinned_after, EnqueueThinnedAfter,
-    ffi::Ffi::Bind()
-        .Attr<int64_t>("site")
-        .Attr<ffi::Span<const int64_t>>("nbytes")
-        .Attr<int64_t>("interval_ns")
-        .Attr<int64_t>("key_bytes")
-        .Arg<ffi::AnyBuffer>()
-        .RemainingArgs());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(hostcall_enqueue_thinned_after,
+                              EnqueueThinnedAfter, BindThinned());
