@@ -77,9 +77,7 @@ def test_a_library_registers_its_handlers_for_each_platform_of_the_table(
   assert sorted(registered) == [("hostcall_control_check", "cpu"),
                                 ("hostcall_control_check", "cuda"),
                                 ("hostcall_control_finish", "cpu"),
-                                ("hostcall_control_finish", "cuda"),
-                                ("hostcall_control_open_here", "cpu"),
-                                ("hostcall_control_open_here", "cuda")]
+                                ("hostcall_control_finish", "cuda")]
 
 
 def test_a_platform_is_one_row_of_the_table(monkeypatch, request):

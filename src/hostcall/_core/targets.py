@@ -95,10 +95,6 @@ class Schedule:
       program instead (``_jit/threaded``), so that the program still takes
       JAX's fast path: a chunked loop's open, pace and finish, which its
       host side expects while other calls of the program are still queued.
-      Where the device answers the call itself
-      (``HostTarget.answer_on_device``: a steered loop's open and finish),
-      its host function is queued instead, and the program has no live
-      call left.
     loop_event: whether the call is one of a chunked loop's own events (its
       open, ticks, pace, finish), not a call its body makes:
       ``hostcall.jit`` queues a steered loop's events beside a body that
@@ -216,17 +212,6 @@ class HostTarget(KeyedFields):
   def deliver(self, flat_args: Sequence[np.ndarray],
               context: CallContext) -> Sequence[Any]:
     raise NotImplementedError
-
-  def answer_on_device(self, operands, result_avals):
-    """For a call ``hostcall.jit`` runs live without an effect
-    (``Schedule.live_without_effect``), where it queues a program's calls
-    on one device: None (it runs live), or ``(results, host_operands)``,
-    traced: the device answers it itself (a steered loop's open, whose
-    handle the device makes) and its host function is queued with
-    ``host_operands`` instead of waited for, so that no live call sends
-    the program down JAX's Python dispatch path."""
-    del operands, result_avals
-    return None
 
   def caller(self, context: CallContext) -> Callable[..., Any]:
     """``call(*flat_args)``: delivers one call of this site in ``context``

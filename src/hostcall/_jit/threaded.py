@@ -125,14 +125,7 @@ def bind_live(order, operands, *, target, transforms, device_index: int,
   """Stages a live call of ``target`` (the program waits for its host
   function, which may answer: ``HostTarget.live_without_effect``) after
   the call that returned ``order``, without a JAX effect; returns the
-  value the next call takes and the call's results. Where the device
-  answers it (``HostTarget.answer_on_device``), the host function is
-  queued instead."""
-  answered = target.answer_on_device(operands, result_avals)
-  if answered is not None:
-    results, host_operands = answered
-    return bind(order, host_operands, target=target, transforms=transforms,
-                device_index=device_index), list(results)
+  value the next call takes and the call's results."""
   order, *results = hostcall_threaded_live_p.bind(
       order, *operands, target=target, transforms=transforms,
       device_index=device_index, result_avals=tuple(result_avals))

@@ -21,8 +21,7 @@ Ctrl-C: hostcall's SIGINT handler is installed while an interruptible loop
 runs, and the one it replaced is put back as soon as none does. A loop stops
 running when its computation goes past it (the loop's finish, a
 synchronous call each device makes after the loop, under ``hostcall.jit``
-the device's own, ``finish_here``, as its open is there where no host
-pace or predicate reads it, ``open_here``: not its bar's close, which waits
+the device's own, ``finish_here``: not its bar's close, which waits
 behind the loop's asynchronous taps) or fails: where the computation runs in a Python thread
 (JAX runs one with host callbacks in the thread that called it, on CPU),
 the frame that called it is watched, and its return ends the loops the
@@ -30,8 +29,7 @@ computation opened (``interrupts.Reaper``); elsewhere a failed loop ends at the 
 barrier, which closes its bar.
 """
 
-from hostcall._apps.control.check import (check, finish_here, open_here,
-                                          opens_here)
+from hostcall._apps.control.check import check, finish_here
 from hostcall._apps.control.host import controls
 from hostcall._apps.control.spec import (FAILED, INTERRUPTED, STOP_WHEN,
                                          TIME_LIMIT, LoopStatus, Result, Stop,
@@ -45,7 +43,4 @@ __all__ = ["FAILED", "INTERRUPTED", "STOP_WHEN", "TIME_LIMIT", "LoopStatus",
 # The engine's loops are steered by this package (the engine imports no
 # application).
 _steerer.provide(_steerer.Steerer(stop_of=Stop.of, check=check,
-                                   opens_here=opens_here,
-                                   open_here=open_here,
-                                   forget=controls.forget,
                                    finish_here=finish_here, result=Result))

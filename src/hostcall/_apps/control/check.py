@@ -3,9 +3,7 @@ own (``control_check_p``) with its rules, answered by the stop check's
 native library (``hostcall_control_check``,
 ``stop_states_library.py``) or, where
 ``emission`` routes it to Python, by ``controls.poll``: both read the same
-``StopStates`` (``states.py``). Under ``hostcall.jit`` on one device, the
-loop's open and finish are the device's own too (``open_here``,
-``finish_here``)."""
+``StopStates`` (``states.py``)."""
 
 from __future__ import annotations
 
@@ -16,7 +14,6 @@ from jax.extend import core as jex_core
 
 from hostcall import _jax_private
 from hostcall._apps.control.host import controls
-from hostcall._apps.control.spec import MAX_LIMIT_US
 from hostcall._apps.loops.waiting_operand import waiting_operand
 from hostcall._runtime import emission
 
@@ -65,47 +62,6 @@ def finish_here(handle, reason) -> jax.Array:
   where this cannot tell). Bound only while ``hostcall.jit`` compiles."""
   return control_finish_p.bind(jnp.asarray(handle, _INT).reshape(()),
                                jnp.asarray(reason, _INT).reshape(()))
-
-
-control_open_p = jex_core.Primitive("hostcall_control_open_here")
-
-
-def opens_here() -> bool:
-  """Whether ``open_here`` opens a loop on the device: the stop states'
-  FFI handlers are registered (not with ``HOSTCALL_NATIVE=0``, where the
-  open and the finish stay the host's live calls)."""
-  return controls.native
-
-
-def open_here(stop, total) -> jax.Array | None:
-  """``hostcall.jit``'s open of a steered loop on its one device, made by
-  the device itself (the FFI handler ``hostcall_control_open_here``): a
-  new handle (int32), its stop state opened for ``stop`` (a ``Stop``), the
-  clock of its time limit started. The host's side of the open, queued
-  behind it, adopts the handle (``controls.open``). None where not
-  ``opens_here()``. Bound only while ``hostcall.jit`` compiles."""
-  if not opens_here():
-    return None
-  limit = stop.time_limit
-  return control_open_p.bind(
-      jnp.asarray(total, _INT).reshape(()),
-      time_limit_us=-1 if limit is None or limit * 1e6 >= MAX_LIMIT_US
-      else int(limit * 1e6),
-      interruptible=int(stop.interruptible),
-      predicate=int(stop.stop_when is not None))
-
-
-def _open_lowering(ctx, total, **attributes):
-  if emission.route(ctx, "check", controls.native) != "ffi":
-    raise NotImplementedError(
-        "hostcall: a steered loop's open is made by the device only where "
-        "the stop states' FFI handler serves the platform (hostcall.jit "
-        "stages it only there); got platforms "
-        f"{list(ctx.module_context.platforms)}")
-  return jax.ffi.build_ffi_lowering_function(
-      "hostcall_control_open_here", has_side_effect=True)(
-          ctx, total, **{k: np.int64(v) for k, v in attributes.items()}
-  ).results
 
 
 def _finish_lowering(ctx, handle, reason):
@@ -179,10 +135,6 @@ def _lowering(ctx, handle, index, after):
                for r, a in zip(results, ctx.avals_out)]
   return results
 
-
-control_open_p.def_abstract_eval(
-    lambda total, **_: _jax_private.ShapedArray((), _INT))
-_jax_private.register_lowering(control_open_p, _open_lowering)
 
 control_finish_p.def_abstract_eval(
     lambda handle, reason: _jax_private.ShapedArray((), _INT))

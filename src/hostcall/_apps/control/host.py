@@ -111,17 +111,12 @@ class _Controls(calls.Containment, _loops.Listener):
       # delivers ticks as they come (no gathering) while it is open.
       tap_queue.consumer.start().add_waiters(1)
     states = self.states
-    # A handle the device opened itself (hostcall.jit, one device) is open
-    # in a group of its own already: its group adopts that.
-    opened_here = states.group_of(handle)
     with self._lock:
       group = self._groups.get(group_key)
       if group is None:
-        group = self._groups[group_key] = _Group(
-            next(self._group_ids) if opened_here is None else opened_here,
-            group_key)
-      if opened_here is None:
-        states.open(handle, group.id, stop)
+        group = self._groups[group_key] = _Group(next(self._group_ids),
+                                                 group_key)
+      states.open(handle, group.id, stop)
       if not group.handles:  # its first: held until every device has ended
         states.hold(group.id)
       group.handles.add(handle)
@@ -140,16 +135,6 @@ class _Controls(calls.Containment, _loops.Listener):
       self._open[handle] = (group.id, stop, time.monotonic())
     if inherited is not None:
       self.request(group.id, FAILED)
-
-  def forget(self, handle: int) -> None:
-    """A handle the device opened itself (``check.open_here``) whose host
-    open failed: its stop state is closed, so that its checks read no
-    host (a predicate's would wait for ticks no one evaluates)."""
-    with self._lock:
-      if handle in self._open:
-        return  # opened here after all: its close closes it
-    self.end(handle)
-    self.states.close(handle)
 
   def end(self, handle: int) -> None:
     """``handle``'s loop no longer runs (its computation went past it, or

@@ -84,12 +84,6 @@ State& state() {
 std::atomic<int64_t> interrupts{0};           // SIGINTs taken for loops
 std::atomic<int64_t> interruptible_open{0};   // their handles running now
 std::atomic<int64_t> predicate_open{0};       // handles waiting on predicates
-// Handles and groups the device opens itself (hostcall_control_open_here),
-// from ranges the host's registries never give (invocations.py's handles
-// are below kNativeHandles, control/host.py's groups below kNativeGroups).
-constexpr int64_t kNativeHandles = 0x40000000;
-constexpr int64_t kNativeGroups = int64_t{1} << 40;
-std::atomic<int64_t> opened_here{0};
 std::atomic<int> first_taken{0};              // 1 once one SIGINT was taken
 // What SIGINT did before hostcall's handler; read by OnSigint, written only
 // while it is not installed (sigint_mu orders installing and restoring).
@@ -162,39 +156,6 @@ void StopRunning(int64_t handle) {
   if (interruptible_open.fetch_sub(1) == 1) RestoreSigint();
 }
 
-// Opens `handle` in `group` (hostcall_control_open's).
-void Open(int64_t handle, int64_t group, int64_t time_limit_us,
-          int64_t interruptible, int64_t predicate) {
-  State& s = state();
-  std::lock_guard<std::mutex> lock(s.mu);
-  auto created = s.groups.try_emplace(group);
-  Group& g = created.first->second;
-  if (created.second) {
-    // A limit past what the clock can count to (int64 nanoseconds) is
-    // never reached: saturated, not wrapped round to the past.
-    const int64_t now = NowNs();
-    g.deadline_ns = time_limit_us < 0 ? 0
-                    : time_limit_us >= (INT64_MAX - now) / 1000
-                        ? INT64_MAX
-                        : now + time_limit_us * 1000;
-    g.interruptible = interruptible != 0;
-    g.predicate = predicate != 0;
-    g.interrupts_at_open = interrupts.load();
-  }
-  s.group_of[handle] = group;
-  s.evaluated[handle] = 0;
-  ++g.handles;
-  if (g.predicate) predicate_open.fetch_add(1);
-  running()[handle] = g.interruptible;
-  if (g.interruptible) {
-    std::lock_guard<std::mutex> sigint_lock(sigint_mu);
-    if (interruptible_open.fetch_add(1) == 0) {
-      first_taken.store(0);  // a new run of loops: the next Ctrl-C is theirs
-      InstallSigint();
-    }
-  }
-}
-
 int32_t Poll(int64_t handle, int64_t check) {
   State& s = state();
   std::unique_lock<std::mutex> lock(s.mu);
@@ -204,7 +165,7 @@ int32_t Poll(int64_t handle, int64_t check) {
   if (s.groups[group].predicate && s.groups[group].stop_at < 0) {
     // (The tick this check waits for is not left gathering in the
     // asynchronous queue: the loop's open adds a waiter on it,
-    // host.py. A loop with a predicate is never one its device opens.)
+    // host.py.)
     s.evaluated_cv.wait_for(lock, kPredicateWait, [&] {
       auto g = s.groups.find(group);
       auto seen = s.evaluated.find(handle);
@@ -264,34 +225,7 @@ ffi::Error Finish(ffi::Buffer<ffi::S32> handle, ffi::Buffer<ffi::S32> reason,
   return ffi::Error::Success();
 }
 
-// A steered loop's open made by its device, under hostcall.jit: a handle
-// (and a group of its own: one device) from the device's ranges, opened as
-// hostcall_control_open opens one, the clock of its time limit started
-// now. The host's side of the open (the loops' registry, the bar) is
-// queued behind this call and adopts the handle (hostcall_control_group_of);
-// the checks need nothing of it. (Never a loop with a predicate, whose
-// checks wait for the host: on the device's path, a queued open and the
-// worker thread measured slower than the live open, docs/performance.md.)
-ffi::Error OpenHere(ffi::AnyBuffer total, ffi::ResultBuffer<ffi::S32> handle,
-                    int64_t time_limit_us, int64_t interruptible,
-                    int64_t predicate) {
-  (void)total;
-  const int64_t n = opened_here.fetch_add(1);
-  const int64_t opened = kNativeHandles + n % (INT32_MAX - kNativeHandles);
-  Open(opened, kNativeGroups + n, time_limit_us, interruptible, predicate);
-  handle->typed_data()[0] = static_cast<int32_t>(opened);
-  return ffi::Error::Success();
-}
-
 }  // namespace
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(hostcall_control_open_here, OpenHere,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::Buffer<ffi::S32>>()
-                                  .Attr<int64_t>("time_limit_us")
-                                  .Attr<int64_t>("interruptible")
-                                  .Attr<int64_t>("predicate"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(hostcall_control_finish, Finish,
                               ffi::Ffi::Bind()
@@ -314,7 +248,34 @@ extern "C" {
 void hostcall_control_open(int64_t handle, int64_t group,
                            int64_t time_limit_us, int64_t interruptible,
                            int64_t predicate) {
-  Open(handle, group, time_limit_us, interruptible, predicate);
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  auto created = s.groups.try_emplace(group);
+  Group& g = created.first->second;
+  if (created.second) {
+    // A limit past what the clock can count to (int64 nanoseconds) is
+    // never reached: saturated, not wrapped round to the past.
+    const int64_t now = NowNs();
+    g.deadline_ns = time_limit_us < 0 ? 0
+                    : time_limit_us >= (INT64_MAX - now) / 1000
+                        ? INT64_MAX
+                        : now + time_limit_us * 1000;
+    g.interruptible = interruptible != 0;
+    g.predicate = predicate != 0;
+    g.interrupts_at_open = interrupts.load();
+  }
+  s.group_of[handle] = group;
+  s.evaluated[handle] = 0;
+  ++g.handles;
+  if (g.predicate) predicate_open.fetch_add(1);
+  running()[handle] = g.interruptible;
+  if (g.interruptible) {
+    std::lock_guard<std::mutex> sigint_lock(sigint_mu);
+    if (interruptible_open.fetch_add(1) == 0) {
+      first_taken.store(0);  // a new run of loops: the next Ctrl-C is theirs
+      InstallSigint();
+    }
+  }
 }
 
 // `handle`'s loop has ended (its computation went past it, or failed): it
@@ -323,14 +284,6 @@ void hostcall_control_end(int64_t handle) {
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mu);
   StopRunning(handle);
-}
-
-// The group `handle` is open in, or -1 where it is not open.
-int64_t hostcall_control_group_of(int64_t handle) {
-  State& s = state();
-  std::lock_guard<std::mutex> lock(s.mu);
-  auto found = s.group_of.find(handle);
-  return found == s.group_of.end() ? -1 : found->second;
 }
 
 // Whether `handle`'s loop still runs (1): opened, and not ended or closed.

@@ -59,12 +59,6 @@ class StopStates:
         else int(limit * 1e6), int(stop.interruptible),
         int(stop.stop_when is not None))
 
-  def group_of(self, handle: int) -> int | None:
-    """The group ``handle`` is open in (one the device opened itself,
-    ``check.open_here``, before its host's open), or None."""
-    group = int(self._lib.gil_held.hostcall_control_group_of(handle))
-    return None if group < 0 else group
-
   def end(self, handle: int) -> None:
     """``handle``'s loop no longer runs: it takes no more Ctrl-C (the
     handler it replaced is put back once none runs)."""

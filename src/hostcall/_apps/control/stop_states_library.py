@@ -29,11 +29,9 @@ LIBRARY = libraries.Library(
         "hostcall_control_sigint_installed": ([], _i64),
         "hostcall_control_interrupts": ([], _i64),
         "hostcall_control_predicates_open": ([], _i64),
-        "hostcall_control_group_of": ([_i64], _i64),
     },
     handlers={"check": ("hostcall_control_check",
-                        "hostcall_control_finish",
-                        "hostcall_control_open_here")},
+                        "hostcall_control_finish")},
     what="stop check")
 
 

@@ -64,8 +64,7 @@ def scan_loop(site: int, stop, ticks: bool, f: Callable, init, xs, length,
   ``control.Stop``, or None) checked after each; ``values``: the ticks take
   the values the body sets (``tick_values``: a bar's postfix). Returns
   ``(carry, ys)``, or a ``control.Result`` of it where steered."""
-  on_device = _opens_on_device(stop)
-  handle, count = _events.open_bar(site, steps, stop, on_device)
+  handle, count = _events.open_bar(site, steps, stop)
   slots = _tick_values.Slots(keep=ticks)
 
   def attempt():
@@ -89,8 +88,7 @@ def scan_loop(site: int, stop, ticks: bool, f: Callable, init, xs, length,
   out = slots.run(attempt)
   (count, carry, carried), ys = out[:2]
   return _ended(site, handle, stop, count, (carry, ys),
-                None if stop is None else out[2], (slots.layout, carried),
-                on_device)
+                None if stop is None else out[2], (slots.layout, carried))
 
 
 #: Why the body of a loop no bar draws takes no values.
@@ -117,9 +115,7 @@ def while_loop(site: int, stop, ticks: bool, cond_fun: Callable,
   as the host paces); ``ticks``, ``stop`` and ``values`` as for
   ``scan_loop``. Returns the carry, or a ``control.Result`` of it where
   steered."""
-  # (A host pace reads the handle: the open stays the host's.)
-  on_device = every is not None and _opens_on_device(stop)
-  handle, count = _events.open_bar(site, total, stop, on_device)
+  handle, count = _events.open_bar(site, total, stop)
   if every is None:
     pace = _events.Pace(site, steered=stop is not None)
 
@@ -155,8 +151,7 @@ def while_loop(site: int, stop, ticks: bool, cond_fun: Callable,
 
   count, (carry, carried), reason = slots.run(attempt)
   return _ended(site, handle, stop, count, carry,
-                None if stop is None else reason, (slots.layout, carried),
-                on_device)
+                None if stop is None else reason, (slots.layout, carried))
 
 
 def _follows_ticks(stop) -> bool:
@@ -167,20 +162,12 @@ def _follows_ticks(stop) -> bool:
   return stop is not None and stop.stop_when is not None
 
 
-def _opens_on_device(stop) -> bool:
-  """Whether a loop steered by ``stop`` may be opened by its device under
-  ``hostcall.jit`` (``events._Open.on_device``): not one with a host
-  predicate, whose checks wait for the host (its live open measured
-  faster there: docs/performance.md)."""
-  return stop is not None and stop.stop_when is None
-
-
-def _ended(site, handle, stop, count, value, reason, postfix, on_device):
+def _ended(site, handle, stop, count, value, reason, postfix):
   """The loop's end: a steered loop's finish (which raises a failure it
   contained), the invocation's close (with ``postfix``, the values of the
-  last step); what the loop returns. ``on_device``: as its open's."""
+  last step); what the loop returns."""
   if stop is not None:
-    _events.finish(site, handle, reason, on_device)
+    _events.finish(site, handle, reason)
   _events.close_bar(site, handle, count, value, reason, postfix)
   if stop is None:
     return value

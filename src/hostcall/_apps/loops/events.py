@@ -106,10 +106,6 @@ class _Open(_BarQuestion):
   its open, and a bar never mixes two invocations)."""
 
   stop: Any = None  # a hostcall.control Stop: a steered loop
-  #: A steered loop whose handle no host pace reads and whose checks wait
-  #: for no predicate: under hostcall.jit its device may open it itself
-  #: (``answer_on_device``).
-  on_device: bool = False
   containable = False  # opens a loop even where a failure is contained
 
   # Queued by hostcall.jit (a bar, not a steered loop, whose checks need
@@ -121,30 +117,14 @@ class _Open(_BarQuestion):
       return _QUEUED_OPEN
     return _BarQuestion.schedule
 
-  def answer_on_device(self, operands, result_avals):
-    # A live call would send the program down JAX's Python dispatch path
-    # (docs/performance.md): the device makes the handle and
-    # the stop state, and the host's open, queued behind it with that
-    # handle, reaches the host before the loop's ticks.
-    if not self.on_device or self.stop is None or any(
-        a.shape for a in result_avals):
-      return None  # (a paced loop, or lanes of vmap: the live open)
-    handle = _steerer.steerer().open_here(self.stop, operands[0])
-    return None if handle is None else ([handle], [operands[0], handle])
-
   def deliver(self, flat_args, context):
     total = _first(flat_args[0], -1)
-    given = int(flat_args[1]) if len(flat_args) > 1 else None
     # A steered loop's host side hears of it from the registry, its stop
     # carried by the invocation.
-    try:
-      handle = _loops.invocations.open(
-          self.site, context.device, None if total < 0 else total, context,
-          queued=delivering_asynchronously(), stop=self.stop, handle=given)
-    except BaseException:
-      if given is not None:  # the device's stop state is no longer followed
-        _steerer.steerer().forget(given)
-      raise
+    handle = _loops.invocations.open(self.site, context.device,
+                                     None if total < 0 else total, context,
+                                     queued=delivering_asynchronously(),
+                                     stop=self.stop)
     lanes = tuple(size for _, size in reversed(context.batch_levels))
     return [np.full(lanes, handle, np.int32)]
 
@@ -333,18 +313,6 @@ class _Finish(_BarQuestion):
   containable = False  # raises what was contained
   schedule = Schedule(when="live", live_without_effect=True, loop_event=True,
                       asks_first=True)
-  #: Its loop's open was the device's (``_Open.on_device``).
-  on_device: bool = False
-
-  def answer_on_device(self, operands, result_avals):
-    # Where the device asks (a failure to raise), the host's finish is
-    # queued, not waited for: the failure reaches the next barrier, as any
-    # of hostcall.jit's; no live call is left in the program.
-    del result_avals
-    if (not self.on_device or any(jnp.ndim(x) for x in operands)
-        or not _steerer.steerer().opens_here()):
-      return None  # (its loop's open was the host's: it runs live too)
-    return [], list(operands)
 
   def ask_first(self, handle, reason):
     # Under hostcall.jit the device ends the loop itself; the host runs
@@ -384,15 +352,12 @@ INT_AVAL = _jax_private.ShapedArray((), jnp.int32)
 # queue keeps the order in which the device sent them.
 
 
-def open_bar(site, total, stop=None, on_device=False
-             ) -> tuple[jax.Array, jax.Array]:
+def open_bar(site, total, stop=None) -> tuple[jax.Array, jax.Array]:
   """The invocation's handle, and the loop's initial step count, which
-  waits for it; ``on_device``: a steered loop its device may open under
-  ``hostcall.jit`` (``_Open.on_device``)."""
-  (handle,) = bind([jnp.asarray(total, jnp.int32)],
-                   target=_Open(site, stop, on_device and stop is not None),
-                   kind="call",
-                   result_avals=(INT_AVAL,), ordering="unordered")
+  waits for it."""
+  (handle,) = bind([jnp.asarray(total, jnp.int32)], target=_Open(site, stop),
+                   kind="call", result_avals=(INT_AVAL,),
+                   ordering="unordered")
   return handle, jnp.zeros_like(handle)
 
 
@@ -457,11 +422,11 @@ def close_bar(site, handle, count, results, reason=None,
        ordering="unordered")
 
 
-def finish(site, handle, reason, on_device=False) -> None:
+def finish(site, handle, reason) -> None:
   # Synchronous, on every device (one call per device in a global view
   # too, and no result to share): a failure contained in the loop fails
   # its computation on each device at this point, so that none waits for
   # another in a collective.
-  bind([handle, reason], target=_Finish(site, on_device), kind="call",
+  bind([handle, reason], target=_Finish(site), kind="call",
        ordering="unordered", delivery="sync", partitioned=True)
 

@@ -38,10 +38,6 @@ from hostcall._runtime.calls import add_abort_hook
 #: redraws at most this often anyway).
 TICK_INTERVAL = 0.1
 
-#: The first handle a device gives a loop it opens itself (``hostcall_control.cc``'s
-#: ``kNativeHandles``); the registry's own are below it.
-DEVICE_HANDLES = 0x40000000
-
 #: The opener of an invocation whose open was queued (``hostcall.jit``'s
 #: programs, on one device, run one at a time: once the queue is delivered,
 #: an invocation such an open left open is the failing computation's).
@@ -249,25 +245,22 @@ class Invocations:
       return self._by_site[site]
 
   def open(self, site: int, device, total: int | None, context=None,
-           queued: bool = False, stop=None, handle: int | None = None
-           ) -> int:
+           queued: bool = False, stop=None) -> int:
     """Opens (or joins, for another device) this device's next invocation
     of the loop; returns the invocation's handle. ``queued``: the open was
     queued (``hostcall.jit``), not made by the thread that runs the loop's
-    computation; ``stop``: a steered loop's (``Invocation.stop``);
-    ``handle``: the one its device gave it (``DEVICE_HANDLES``), if any."""
+    computation; ``stop``: a steered loop's (``Invocation.stop``)."""
     handle, invocation = self._open_here(site, device, total, context,
-                                         queued, stop, handle)
+                                         queued, stop)
     self._tell("on_opened", invocation)
     return handle
 
-  def _open_here(self, site, device, total, context, queued, stop, handle):
+  def _open_here(self, site, device, total, context, queued, stop):
     """``open``'s registration, under the lock: ``(handle, invocation)``."""
     with self._lock:
       index = self._counts[(site, device)]
       self._counts[(site, device)] += 1
-      if handle is None:
-        handle = (next(self._handles) - 1) % (DEVICE_HANDLES - 1) + 1
+      handle = next(self._handles) & 0x7FFFFFFF
       # This process's devices that run the loop (shard_map, pmap).
       process = getattr(device, "process_index", 0)
       peers = [d for d in getattr(context, "peers", ())

@@ -18,13 +18,6 @@ class Steerer(NamedTuple):
       ``Stop`` (its options, checked; hashable), or None when none is set.
     check: ``(handle, index, after)`` -> the stop check's answer (traced):
       0 to go on, else the reason to stop.
-    opens_here: ``()`` -> whether the device can open a loop itself
-      (``open_here``).
-    open_here: ``(stop, total)`` -> the device's own open of the loop
-      under ``hostcall.jit`` on one device (traced): its handle, or None
-      where not ``opens_here()`` (the host's open then runs live).
-    forget: ``(handle)`` -> None: a handle the device opened whose host
-      open failed is forgotten (its checks stop waiting for the host).
     finish_here: ``(handle, reason)`` -> the device's own end of the loop
       under ``hostcall.jit`` (traced): not 0 where the host's finish must
       still run.
@@ -34,9 +27,6 @@ class Steerer(NamedTuple):
 
   stop_of: Callable[..., Any]
   check: Callable[..., Any]
-  opens_here: Callable[[], bool]
-  open_here: Callable[..., Any]
-  forget: Callable[..., Any]
   finish_here: Callable[..., Any]
   result: Callable[..., Any]
 
