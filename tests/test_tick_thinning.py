@@ -101,9 +101,9 @@ def test_a_short_bar_under_hostcall_jit_queues_open_and_close_not_each_tick(
 
 def test_a_tick_is_queued_once_its_interval_has_passed(queued):
   # A bar of two ticks a call, whose mininterval (4 ms) gives an interval
-  # of 1 ms: the first tick of a call made 5 ms after the last is queued,
-  # the second, right after it, is not. (The wait is the time the
-  # thinning measures, not a synchronisation.)
+  # of 1 ms: the first tick of a call made 5 ms after the last is queued
+  # (the second, right after it, is dropped unless the loop was paused).
+  # (The wait is the time the thinning measures, not a synchronisation.)
   out = io.StringIO()
   run = hostcall.jit(lambda x: progress.scan(
       _step, x, None, length=2, file=out, desc="bar", mininterval=0.004)[0])
@@ -114,7 +114,9 @@ def test_a_tick_is_queued_once_its_interval_has_passed(queued):
     time.sleep(0.005)
     jax.block_until_ready(run(jnp.full(4, float(i), jnp.float32)))
   hostcall.barrier()
-  assert _pushed() - before == 3 * calls  # open, first tick, close
+  # Open, first tick, close; the second tick too where the machine
+  # paused the loop between them for longer than the interval.
+  assert 3 * calls <= _pushed() - before <= 4 * calls
   assert [_count_and_postfix(last) for _, last in _bars(out)[-calls:]] == [
       ("2/2", tqdm_postfix(v=float(i + 2))) for i in range(calls)]
 
@@ -231,7 +233,22 @@ def test_on_several_devices_each_bar_starts_and_ends_right():
   jax_devices, jax_pushed, jax_bars = lines["jax.jit"].split(" ", 2)
   devices, pushed, bars = lines["hostcall.jit"].split(" ", 2)
   assert jax_devices == devices == "2"
-  assert eval(jax_bars) == want  # noqa: S307 - our own print
+  # (Under jax.jit the two devices' live opens race: on a busy machine
+  # its bars may close in another order.)
+  assert sorted(eval(jax_bars)) == sorted(want)  # noqa: S307 - our own print
   assert eval(bars) == [f"0/100 {bar}" for bar in want]  # noqa: S307
   assert int(jax_pushed) >= 101 * 40  # each tick and close under jax.jit
   assert int(pushed) < 10 * 40  # hostcall.jit: the opens, closes, a few
+
+
+@pytest.mark.parametrize("mininterval", [float("inf"), 4e10])
+def test_an_endless_mininterval_keeps_the_open_and_the_close(mininterval,
+                                                             queued):
+  # Past what the handler's nanoseconds count (int64), the interval is a
+  # year's: every tick of these calls is dropped, the bars still right.
+  out = io.StringIO()
+  calls = 5
+  pushed, _ = _run_bars(_bar_program(hostcall.jit, out,
+                                     mininterval=mininterval), calls)
+  assert pushed == 2 * calls
+  _assert_each_bar_right(out, calls)

@@ -32,6 +32,8 @@ TICK_INTERVAL = _loops.TICK_INTERVAL
 #: a fast loop queues at most four ticks a ``mininterval`` (40 a second by
 #: default), not one a chunk.
 THINNED_TICKS = 0.25
+#: The longest interval a tick is thinned within, in seconds (a year).
+LONGEST_THINNING = 365 * 24 * 3600.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,8 +83,13 @@ class BarSpec:
     (it draws each) or draws none."""
     if self.disabled or self.draws_every_tick:
       return None
-    return THINNED_TICKS * float(dict(self.options).get("mininterval",
-                                                        TICK_INTERVAL))
+    interval = THINNED_TICKS * float(dict(self.options).get("mininterval",
+                                                            TICK_INTERVAL))
+    if not interval > 0:  # (negative or NaN: tqdm then draws each update)
+      return None
+    # An infinite (or huge) mininterval keeps only the open and the close;
+    # the handler counts in int64 nanoseconds.
+    return min(interval, LONGEST_THINNING)
 
   def leave_at(self, position: int) -> bool:
     """Whether the bar stays on screen when done, drawn at row
