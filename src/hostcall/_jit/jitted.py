@@ -223,15 +223,14 @@ def jit(fun: Callable | None = None, /, **jit_kwargs: Any):
   ``hostcall.barrier()`` waits for the host functions. A failing host
   function is reported by the next barrier, as an asynchronous tap's is.
 
-  There a progress bar's events are queued too (its open
-  answers "this device's latest invocation"), and so are a steered loop's
-  (its open made by the device where ``every=`` is fixed and no
-  ``stop_when`` is given, else a live call without an effect). A program
-  with a host call that must run where it is (a call with results that
-  has an effect, a steered loop whose body calls the host, and where calls
-  become outputs a progress bar or a tap in a ``while_loop`` or ``cond``)
-  is compiled exactly as ``jax.jit`` compiles it: its host calls run
-  during the call, in their order.
+  There a progress bar's events are queued too (its open answers "this
+  device's latest invocation"), and so are a steered loop's (its open a
+  live call without an effect). A program with a host call that must run
+  where it is (a call with results that has an effect, a steered loop
+  whose body calls the host, and where calls become outputs a progress
+  bar or a tap in a ``while_loop`` or ``cond``) is compiled exactly as
+  ``jax.jit`` compiles it: its host calls run during the call, in their
+  order.
 
   Arguments:
     fun: the function to compile (or omit it: ``@hostcall.jit(...)``
