@@ -1103,9 +1103,12 @@ ROWS = [
         ("jit>grad>scan", "o3 t1 t2 t3 c3"),
         ("jit>vmap>scan", "o3 t1 t2 t3 c3"),
         ("vmap>grad>scan", "o3 t1 t2 t3 c3"),
-        ("hjit>grad>scan", "o3 t1 t2 t3 c3"),
+        # Under hostcall.jit the device thins a bar's ticks (those within
+        # a quarter of its mininterval of the last one queued: all but the
+        # first of a loop of microseconds); the close carries the count.
+        ("hjit>grad>scan", "o3 t1 c3"),
         ("grad>vmap>scan", "o3 t1 t2 t3 c3"),
-        ("hjit>vmap>scan", "o3 t1 t2 t3 c3"),
+        ("hjit>vmap>scan", "o3 t1 c3"),
         ("grad>scan>cond", "o3 t1 t2 t3 c3"),
         ("grad>scan>cvjp_fwd", "o3 t1 t2 t3 c3"),
         ("grad>scan>cvjp_bwd", "o3 t1 t2 t3 c3"),
