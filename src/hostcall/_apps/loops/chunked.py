@@ -80,7 +80,7 @@ def scan_loop(site: int, stop, ticks: bool, f: Callable, init, xs, length,
         after_chunk=None if not ticks else
         lambda state, ys: _events.tick(site, handle, state[0], (state, ys),
                                        postfix=(slots.layout, state[2]),
-                                       steered=_follows_ticks(stop)),
+                                       every_tick=_follows_ticks(stop)),
         check=None if stop is None else
         lambda state, index: _steerer.steerer().check(handle, index, state),
         flush_steps=FLUSH_STEPS)
@@ -145,7 +145,7 @@ def while_loop(site: int, stop, ticks: bool, cond_fun: Callable,
         lambda count, state: _events.tick(
             site, handle, count, state, cond_fun(state[0]),
             postfix=(slots.layout, state[1]),
-            steered=_follows_ticks(stop)),
+            every_tick=_follows_ticks(stop)),
         check=None if stop is None else
         lambda state, index: _steerer.steerer().check(handle, index, state))
 

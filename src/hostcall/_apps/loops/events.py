@@ -369,15 +369,16 @@ def _witness(tree) -> jax.Array:
 
 
 def tick(site, handle, count, results, *active, postfix=((), ()),
-         steered: bool = True):
+         every_tick: bool = True):
   """The tick after a chunk; ``postfix``: ``(layout, values)``, the values
   the loop's body set (``tick_values``: a layout and the traced values,
-  which ride on the tick); ``steered``: the loop's host side follows every
-  tick (a ``stop_when`` predicate: ``chunked._follows_ticks``)."""
+  which ride on the tick); ``every_tick``: the loop's host side follows
+  every tick (a ``stop_when`` predicate: ``chunked._follows_ticks``), so
+  that none may be thinned."""
   layout, values = postfix
   # Reading the chunk's results keeps the tick after the chunk's steps.
   bind([handle, count, _witness(results), *values, *active],
-       target=_Tick(site, layout, None if steered else _thinned(site)),
+       target=_Tick(site, layout, None if every_tick else _thinned(site)),
        kind="call", delivery="async", ordering="unordered")
 
 
