@@ -60,7 +60,9 @@ class _AsOutputs:
     self.nodes: list = []
     self.values: list = []
 
-  def record(self, eqn, invals) -> None:
+  def record(self, eqn, invals) -> list:
+    """Takes the call ``eqn`` out; returns its results (a tap's operands;
+    as outputs, no call has others: ``rules``)."""
     params = eqn.params
     operands = [deferrable.physical(x, v.aval)
                 for x, v in zip(invals, eqn.invars)]
@@ -70,6 +72,7 @@ class _AsOutputs:
         tuple(np.dtype(o.dtype) for o in operands),
         params["device_index"]))
     self.values.extend(operands)
+    return invals if params["kind"] == "tap" else []
 
   def left_in_place(self, eqn, invals):
     """A host call not taken out (a pure callback), bound as it is."""
@@ -157,14 +160,25 @@ class _Queued:
                                lambda order: order, self.order)
     return []
 
-  def record(self, eqn, invals) -> None:
+  def record(self, eqn, invals) -> list:
+    """Queues the call ``eqn``; returns its results: a tap's operands, or
+    what a call with results answers (``Schedule.answer``): a handle its
+    device makes, queued with the call as one more operand (shaped as the
+    results) for the host to adopt."""
     params = eqn.params
     operands = [deferrable.physical(x, v.aval)
                 for x, v in zip(invals, eqn.invars)]
+    outs = invals if params["kind"] == "tap" else []
+    if eqn.outvars and params["kind"] != "tap":
+      answer = threaded.new_handle(params["target"].schedule.answer)
+      outs = [jnp.broadcast_to(answer, v.aval.shape).astype(v.aval.dtype)
+              for v in eqn.outvars]
+      operands.append(outs[0])
     self.order  # noqa: B018 - binds the call before this one
     self._pending = (operands, {
         "target": params["target"], "transforms": params["transforms"],
         "device_index": params["device_index"]})
+    return outs
 
   def left_in_place(self, eqn, invals):
     """A host call not taken out (a pure callback) runs after the queued
@@ -238,12 +252,7 @@ def _evaluate(jaxpr, consts, args, recorder: _AsOutputs | _Queued) -> list:
     if eqn.primitive is hostcall_p and rules.runs_live_without_effect(eqn):
       outs = recorder.live(eqn, invals)
     elif eqn.primitive is hostcall_p and rules.deferrable_call(eqn):
-      recorder.record(eqn, invals)
-      if eqn.params["kind"] == "tap":
-        outs = invals
-      else:  # no results, or what a queued call answers (``Schedule.answer``)
-        outs = [jnp.full(v.aval.shape, eqn.params["target"].schedule.answer,
-                         v.aval.dtype) for v in eqn.outvars]
+      outs = recorder.record(eqn, invals)
     elif eqn.primitive is hostcall_p:
       outs = recorder.left_in_place(eqn, invals)
     elif deferrable.is_jit(eqn) and rules.analyse(eqn.params["jaxpr"]):

@@ -104,6 +104,14 @@ def _pack(operands):
   return packing.concatenated([packing.as_words(x, word) for x in operands])
 
 
+def new_handle(answer: int):
+  """A handle the device makes each time it runs the call: what a queued
+  call with an ``answer`` (a bar's open, ``Schedule.answer``) answers, and
+  queues beside its operands for the host to adopt (``hostcall_new_handle``;
+  where the queue is reached from Python instead, ``answer`` itself)."""
+  return new_handle_p.bind(answer=answer)
+
+
 def _abstract_eval(order, *operands, returns, **_):
   del operands
   return [order] if returns else []
@@ -148,6 +156,18 @@ def _impl(*args, **params):
       "hostcall: hostcall_threaded is bound only inside hostcall.jit's "
       f"compilation (got {len(args)} operands for {params['target']!r})")
 
+
+new_handle_p = jex_core.Primitive("hostcall_new_handle")
+
+
+def _lower_new_handle(ctx, *, answer):
+  return [enqueue.emit_new_handle(ctx, answer)]
+
+
+new_handle_p.def_abstract_eval(
+    lambda **_: _jax_private.ShapedArray((), np.int32))
+new_handle_p.def_impl(_impl)
+_jax_private.register_lowering(new_handle_p, _lower_new_handle)
 
 order_end_p = jex_core.Primitive("hostcall_order_end")
 order_end_p.multiple_results = True

@@ -11,6 +11,8 @@ ordered tap threads JAX's token through either.
 
 from __future__ import annotations
 
+import itertools
+
 import jax
 import numpy as np
 
@@ -101,16 +103,46 @@ def emit_threaded(ctx, target: HostTarget, transforms, device_index: int,
   name = "hostcall_enqueue_threaded" if returns else "hostcall_enqueue_after"
   attributes = {}
   if target.thin_interval is not None and layouts:
-    # The handler may drop the call (``hostcall_thinned.cc``), keyed by
-    # its site (one device's: ``contexts``) and its first operand's
-    # leading bytes (a bar's handle; a packed operand starts with it).
+    # The handler may drop the call (``hostcall_thinned.cc``), thinned
+    # by its site (one device's: ``contexts``).
     name = ("hostcall_enqueue_thinned" if returns
             else "hostcall_enqueue_thinned_after")
-    attributes = {"interval_ns": np.int64(round(target.thin_interval * 1e9)),
-                  "key_bytes": np.int64(min(layouts[0].nbytes, 8))}
+    attributes = {"interval_ns": np.int64(round(target.thin_interval * 1e9))}
   op = _native_enqueue(ctx, name, site, [order, *operands],
                        [sum(nbytes)] if packed else nbytes, **attributes)
   return op.results[0] if returns else None
+
+
+def emit_new_handle(ctx, answer: int):
+  """A handle the device makes for a queued call's answer (``threaded.
+  new_handle``): the native ``hostcall_new_handle``'s where ``emit_threaded``
+  queues natively, else a Python callback's from the same range; under a
+  global view of several devices, ``answer`` (the target's, which the host
+  resolves: a bar's open answers "this device's latest open of the
+  site")."""
+  consumer = tap_queue.consumer
+  consumer.start()
+  if emission.route(ctx, "enqueue", consumer.native) == "ffi":
+    return jax.ffi.build_ffi_lowering_function(
+        "hostcall_new_handle", has_side_effect=True)(ctx).results[0]
+  if emission.global_view(ctx.module_context.axis_context):
+    return _jax_private.ir_constant(np.int32(answer))
+  results, _, _ = _jax_private.emit_python_callback(
+      ctx, _new_handle, None, [], [], list(ctx.avals_out),
+      has_side_effect=True, returns_token=False, sharding=None)
+  return results[0]
+
+
+#: The first handle a device makes (``hostcall_queue.cc``'s
+#: ``kDeviceHandles``); the host's registry makes its own below it.
+DEVICE_HANDLES = 0x40000000
+_handles_made = itertools.count()
+
+
+def _new_handle():
+  # (next() of a count is atomic under the interpreter lock.)
+  made = next(_handles_made) % (0x7FFFFFFF - DEVICE_HANDLES)
+  return (np.int32(DEVICE_HANDLES + made),)
 
 
 def _native_enqueue(ctx, name: str, site: call_sites.SiteRef, operands, nbytes,

@@ -12,6 +12,7 @@
 // arrays the Python side holds and the room they take.
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -233,7 +234,27 @@ ffi::Error EnqueueAfter(int64_t site, ffi::Span<const int64_t> nbytes,
   return Push(site, nbytes, args);
 }
 
+// A queued call whose answer the device makes (a progress bar's open
+// under hostcall.jit): a handle of its own for each invocation, which the
+// call queues beside its operands and the host adopts, so that invocations
+// running at once (threads calling one program) are never mixed. The
+// handles are above the host's own (enqueue.DEVICE_HANDLES) and wrap
+// after about a billion.
+constexpr uint32_t kDeviceHandles = 0x40000000;
+std::atomic<uint32_t> handles_made{0};
+
+ffi::Error NewHandle(ffi::Result<ffi::BufferR0<ffi::S32>> handle) {
+  const uint32_t n = handles_made.fetch_add(1, std::memory_order_relaxed);
+  *handle->typed_data() = static_cast<int32_t>(
+      kDeviceHandles + n % (0x7FFFFFFFu - kDeviceHandles));
+  return ffi::Error::Success();
+}
+
 }  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    hostcall_new_handle, NewHandle,
+    ffi::Ffi::Bind().Ret<ffi::BufferR0<ffi::S32>>());
 
 ffi::Error hostcall::PushTap(int64_t site, ffi::Span<const int64_t> nbytes,
                              ffi::RemainingArgs args) {

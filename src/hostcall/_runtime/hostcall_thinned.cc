@@ -1,11 +1,11 @@
 // hostcall's thinned taps: the XLA FFI handlers of a queued call that the
 // device may drop (a progress bar's tick under hostcall.jit, see
-// enqueue.emit_threaded): a call is queued only where its call site queued
-// none with the same key (the leading `key_bytes` of its first operand: a
-// bar's invocation handle) in the last `interval_ns` nanoseconds; else the
+// enqueue.emit_threaded): a call is queued only where its call site (one
+// device's) queued none in the last `interval_ns` nanoseconds; else the
 // handler returns at once, without the queue's lock or an allocation. What
 // a dropped call would have shown, a later one carries (a bar's close
-// carries its count and values). The other calls keep their handlers
+// carries its count and values; invocations of one bar that run at once, in
+// threads, thin each other's ticks, each closing with its own). The other calls keep their handlers
 // (hostcall_queue.cc), whose cost this adds nothing to.
 
 #include <atomic>
@@ -20,8 +20,8 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-// When a (site, key) last queued a call: one slot each, found by a hash of
-// both. A slot holds the hash (its tag) and the time. Two keys sharing a slot
+// When a site last queued a call: one slot each, found by a hash of its
+// number. A slot holds the hash (its tag) and the time. Two sites sharing a slot
 // replace each other, and two threads storing into one slot at once may
 // leave one's tag with the other's time: either way a call is queued that
 // could have been dropped, or one is dropped early, which only delays a
@@ -43,19 +43,8 @@ uint64_t Mix(uint64_t h) {  // splitmix64's finaliser
 }
 
 // Whether the call may be dropped; if not, it is marked queued now.
-bool Dropped(int64_t site, int64_t interval_ns, int64_t key_bytes,
-             ffi::RemainingArgs& args) {
-  uint64_t key = 0;
-  if (key_bytes > 0) {
-    if (args.size() == 0 || key_bytes > static_cast<int64_t>(sizeof key))
-      return false;
-    auto buffer = args.get<ffi::AnyBuffer>(0);
-    if (!buffer.has_value() ||
-        key_bytes > static_cast<int64_t>(buffer->size_bytes()))
-      return false;  // queued: PushTap says what is wrong
-    std::memcpy(&key, buffer->untyped_data(), key_bytes);
-  }
-  const uint64_t tag = Mix(Mix(static_cast<uint64_t>(site)) ^ key) | 1;
+bool Dropped(int64_t site, int64_t interval_ns) {
+  const uint64_t tag = Mix(static_cast<uint64_t>(site)) | 1;
   Slot& slot = slots[(tag >> 1) % kSlots];
   const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
                           std::chrono::steady_clock::now().time_since_epoch())
@@ -70,27 +59,26 @@ bool Dropped(int64_t site, int64_t interval_ns, int64_t key_bytes,
 
 // The call queued, unless it may be dropped.
 ffi::Error PushUnlessDropped(int64_t site, ffi::Span<const int64_t> nbytes,
-                             int64_t interval_ns, int64_t key_bytes,
-                             ffi::RemainingArgs& args) {
-  if (Dropped(site, interval_ns, key_bytes, args))
+                             int64_t interval_ns, ffi::RemainingArgs& args) {
+  if (Dropped(site, interval_ns))
     return ffi::Error::Success();
   return hostcall::PushTap(site, nbytes, args);
 }
 
 // As hostcall_enqueue_threaded (the order value it returns carries nothing).
 ffi::Error EnqueueThinned(int64_t site, ffi::Span<const int64_t> nbytes,
-                          int64_t interval_ns, int64_t key_bytes,
-                          ffi::AnyBuffer, ffi::RemainingArgs args,
+                          int64_t interval_ns, ffi::AnyBuffer,
+                          ffi::RemainingArgs args,
                           ffi::Result<ffi::AnyBuffer> order) {
   std::memset(order->untyped_data(), 0, order->size_bytes());
-  return PushUnlessDropped(site, nbytes, interval_ns, key_bytes, args);
+  return PushUnlessDropped(site, nbytes, interval_ns, args);
 }
 
 // As hostcall_enqueue_after: the program's last call, returning nothing.
 ffi::Error EnqueueThinnedAfter(int64_t site, ffi::Span<const int64_t> nbytes,
-                               int64_t interval_ns, int64_t key_bytes,
-                               ffi::AnyBuffer, ffi::RemainingArgs args) {
-  return PushUnlessDropped(site, nbytes, interval_ns, key_bytes, args);
+                               int64_t interval_ns, ffi::AnyBuffer,
+                               ffi::RemainingArgs args) {
+  return PushUnlessDropped(site, nbytes, interval_ns, args);
 }
 
 // Both handlers' attributes and operands (the order value, the operands).
@@ -99,7 +87,6 @@ auto BindThinned() {
       .Attr<int64_t>("site")
       .Attr<ffi::Span<const int64_t>>("nbytes")
       .Attr<int64_t>("interval_ns")
-      .Attr<int64_t>("key_bytes")
       .Arg<ffi::AnyBuffer>()
       .RemainingArgs();
 }

@@ -1,5 +1,6 @@
 """The asynchronous queue's native library: ``hostcall_queue.cc`` (the
-``hostcall_enqueue`` FFI handlers and the C functions the consumer calls),
+``hostcall_enqueue`` FFI handlers, ``hostcall_new_handle``, which makes a
+queued open's handle, and the C functions the consumer calls),
 ``hostcall_thinned.cc`` (the handlers of calls the device may drop: a
 bar's ticks) and the number formatting of ``texts.py``
 (``hostcall_texts.cc``), compiled into hostcall's native
@@ -45,7 +46,8 @@ LIBRARY = libraries.Library(
                          "hostcall_enqueue_threaded",
                          "hostcall_enqueue_after",
                          "hostcall_enqueue_thinned",
-                         "hostcall_enqueue_thinned_after")},
+                         "hostcall_enqueue_thinned_after",
+                         "hostcall_new_handle")},
     what="tap queue")
 
 

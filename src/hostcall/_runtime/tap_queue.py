@@ -110,6 +110,9 @@ class Consumer:
     self._queue = None
     self._thread: threading.Thread | None = None
     self._delivered = 0
+    #: The items taken from the queue so far, counted before they are
+    #: delivered: one delivered now was pushed among the first ``taken``.
+    self.taken = 0
     self._done = threading.Condition()
     self.capacity = DEFAULT_CAPACITY
     self.gather = DEFAULT_GATHER
@@ -214,6 +217,8 @@ class Consumer:
         logger.exception("hostcall: the asynchronous queue failed")
         time.sleep(0.01)
         continue
+      self.taken += (len(batch) if isinstance(batch, native_queue.Interleaved)
+                     else sum(map(len, batch)))
       if isinstance(batch, native_queue.Interleaved):
         if all(map(sites.joinable, batch.site_ids())):
           self._delivering_interleaved(batch, q)

@@ -109,8 +109,9 @@ class _Open(_BarQuestion):
   containable = False  # opens a loop even where a failure is contained
 
   # Queued by hostcall.jit (a bar, not a steered loop, whose checks need
-  # the handle): the loop gets LATEST, the ticks and the close find the
-  # handle the open got, the queue keeping them in order.
+  # the handle): the loop gets the handle its device makes
+  # (``Schedule.answer``), or LATEST, where the ticks and the close find
+  # the handle the open got, the queue keeping them in order.
   @property
   def schedule(self) -> Schedule:
     if self.stop is None:
@@ -119,12 +120,15 @@ class _Open(_BarQuestion):
 
   def deliver(self, flat_args, context):
     total = _first(flat_args[0], -1)
+    # Queued by hostcall.jit, the handle its device made (LATEST where it
+    # made none): invocations that run at once are told apart.
+    given = _first(flat_args[1], LATEST) if len(flat_args) > 1 else LATEST
     # A steered loop's host side hears of it from the registry, its stop
     # carried by the invocation.
-    handle = _loops.invocations.open(self.site, context.device,
-                                     None if total < 0 else total, context,
-                                     queued=delivering_asynchronously(),
-                                     stop=self.stop)
+    handle = _loops.invocations.open(
+        self.site, context.device, None if total < 0 else total, context,
+        queued=delivering_asynchronously(), stop=self.stop,
+        handle=None if given == LATEST else given)
     lanes = tuple(size for _, size in reversed(context.batch_levels))
     return [np.full(lanes, handle, np.int32)]
 

@@ -30,13 +30,18 @@ from typing import Any
 
 import numpy as np
 
-from hostcall._runtime import tap_queue as _queue
-from hostcall._runtime.barriers import add_barrier_hook, barrier_started
+from hostcall._runtime import enqueue as _enqueue, tap_queue as _queue
+from hostcall._runtime.barriers import (add_barrier_hook, barrier_started,
+                                       queued_before_barrier)
 from hostcall._runtime.calls import add_abort_hook
 
 #: Seconds between two ticks that a while_loop's pace aims for (a bar
 #: redraws at most this often anyway).
 TICK_INTERVAL = 0.1
+
+#: The first handle a device makes for an invocation whose open it queues
+#: (``enqueue.emit_new_handle``); the registry's own are below it.
+DEVICE_HANDLES = _enqueue.DEVICE_HANDLES
 
 #: The opener of an invocation whose open was queued (``hostcall.jit``'s
 #: programs, on one device, run one at a time: once the queue is delivered,
@@ -73,6 +78,9 @@ class Invocation:
     peers: this process's devices that run the invocation (shard_map, pmap).
     opener: the thread that opened it (``QUEUED``: the open was queued).
     opened: when (``time.monotonic()``).
+    taken: for a queued open, the queue's calls taken when it was
+      delivered (it was queued among the first this many:
+      ``tap_queue.consumer.taken``), else None.
     steps: the steps ``step`` counted (a decorated body's).
     stop: what its open carried where the loop is steered (a
       ``hostcall.control`` ``Stop``, which the engine never reads), else
@@ -80,7 +88,8 @@ class Invocation:
   """
 
   __slots__ = ("handle", "site", "spec", "device", "group", "total",
-               "context", "peers", "opener", "opened", "steps", "stop")
+               "context", "peers", "opener", "opened", "taken", "steps",
+               "stop")
 
   def __init__(self, handle, site, spec, device, group, total, context,
                peers, opener, stop=None):
@@ -88,6 +97,7 @@ class Invocation:
     self.group, self.total, self.context = group, total, context
     self.peers, self.opener, self.stop = peers, opener, stop
     self.opened = time.monotonic()
+    self.taken = _queue.consumer.taken if opener == QUEUED else None
     self.steps = 0
 
 
@@ -245,22 +255,25 @@ class Invocations:
       return self._by_site[site]
 
   def open(self, site: int, device, total: int | None, context=None,
-           queued: bool = False, stop=None) -> int:
+           queued: bool = False, stop=None, handle: int | None = None
+           ) -> int:
     """Opens (or joins, for another device) this device's next invocation
     of the loop; returns the invocation's handle. ``queued``: the open was
     queued (``hostcall.jit``), not made by the thread that runs the loop's
-    computation; ``stop``: a steered loop's (``Invocation.stop``)."""
+    computation; ``stop``: a steered loop's (``Invocation.stop``);
+    ``handle``: the one its device made (``DEVICE_HANDLES``), if any."""
     handle, invocation = self._open_here(site, device, total, context,
-                                         queued, stop)
+                                         queued, stop, handle)
     self._tell("on_opened", invocation)
     return handle
 
-  def _open_here(self, site, device, total, context, queued, stop):
+  def _open_here(self, site, device, total, context, queued, stop, handle):
     """``open``'s registration, under the lock: ``(handle, invocation)``."""
     with self._lock:
       index = self._counts[(site, device)]
       self._counts[(site, device)] += 1
-      handle = next(self._handles) & 0x7FFFFFFF
+      if handle is None:
+        handle = (next(self._handles) - 1) % (DEVICE_HANDLES - 1) + 1
       # This process's devices that run the loop (shard_map, pmap).
       process = getattr(device, "process_index", 0)
       peers = [d for d in getattr(context, "peers", ())
@@ -387,10 +400,12 @@ class Invocations:
       return None if invocation is None else invocation.group
 
   def close_all(self, stopped: bool = False, thread: int | str | None = None,
-                opened_before: float | None = None) -> None:
+                opened_before: float | None = None,
+                queued_before: int = 0) -> None:
     """Ends the open invocations (those opened by ``thread``, or before
-    ``opened_before``, and every ``track`` counter): their loops ended
-    without closing them."""
+    ``opened_before``, or whose open was among the first ``queued_before``
+    calls queued, and every ``track`` counter): their loops ended without
+    closing them."""
     each = RaiseAfterAll()
     with self._lock:
       counters = set(self._steps.values())
@@ -398,7 +413,8 @@ class Invocations:
         if thread is not None and invocation.opener != thread:
           continue
         if (opened_before is not None and invocation.opened >= opened_before
-            and handle not in counters):
+            and handle not in counters
+            and not 0 < (invocation.taken or 0) <= queued_before):
           continue
         with each:
           self._end(handle, stopped=stopped,
@@ -472,8 +488,10 @@ def _computation_failed() -> None:
 
 def _after_barrier() -> None:
   # A loop whose computation failed elsewhere never closed its invocation
-  # either: every computation started before the barrier has ended.
-  invocations.close_all(opened_before=barrier_started())
+  # either: every computation started before the barrier has ended, also
+  # one whose queued open the barrier itself delivered.
+  invocations.close_all(opened_before=barrier_started(),
+                        queued_before=queued_before_barrier())
 
 
 add_abort_hook(_computation_failed)

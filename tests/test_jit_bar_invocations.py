@@ -1,0 +1,222 @@
+"""Which invocation a queued bar event belongs to, under ``hostcall.jit``:
+the device makes each invocation's handle (``hostcall_new_handle``), which
+its queued open carries to the host, so that threads calling one program
+at once never mix their bars; and a bar whose computation fails is closed,
+stopped, by the next barrier, also where that barrier itself delivered the
+bar's queued open. Each case runs side by side with ``jax.jit``."""
+
+from __future__ import annotations
+
+import io
+import itertools
+import re
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import hostcall
+from hostcall import progress
+from hostcall._apps.loops import invocations as loops_module
+from tests.helpers import run_python
+
+JITS = {"jax.jit": jax.jit, "hostcall.jit": hostcall.jit}
+STEPS = 50
+
+
+def _step(carry, _):
+  carry = carry + 1
+  progress.set_postfix(v=carry)
+  return carry, None
+
+
+def _finals(text: str) -> list[int]:
+  """The value each bar closed at its total showed."""
+  return [int(v) for v in re.findall(
+      rf"{STEPS}/{STEPS} \[[^\]]*v=(\d+)\]", text)]
+
+
+class _Opened(loops_module.Listener):
+  """The handles of the invocations opened while it listens."""
+
+  def __init__(self):
+    self.handles: list[int] = []
+
+  def on_open(self, invocation):
+    self.handles.append(invocation.handle)
+
+
+@pytest.fixture
+def opened():
+  listener = _Opened()
+  loops_module.invocations.listen(listener)
+  yield listener
+  loops_module.invocations._listeners.remove(listener)
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+@pytest.mark.parametrize("name", list(JITS))
+def test_threads_calling_one_program_each_get_their_own_bar(name, threads,
+                                                           opened, queued):
+  # Each call's bar ends at its total showing that call's own last value,
+  # however the threads' invocations interleave in the queue; none is
+  # closed as stopped.
+  out = io.StringIO()
+  run = JITS[name](lambda x: progress.scan(
+      _step, x, None, length=STEPS, every=2, file=out, desc="b")[0])
+  jax.block_until_ready(run(jnp.int32(0)))
+  hostcall.barrier()
+  calls = 20
+  start = threading.Barrier(threads)
+
+  def worker(t):
+    start.wait()
+    for i in range(calls):
+      run(jnp.int32(1000 * t + i))
+
+  workers = [threading.Thread(target=worker, args=(t,))
+             for t in range(1, threads + 1)]
+  for w in workers:
+    w.start()
+  for w in workers:
+    w.join()
+  hostcall.barrier()
+  want = [STEPS] + [1000 * t + i + STEPS for t in range(1, threads + 1)
+                    for i in range(calls)]
+  assert sorted(_finals(out.getvalue())) == sorted(want)
+  assert "stopped" not in out.getvalue()
+  assert len(set(opened.handles)) == len(opened.handles) == len(want)
+  if name == "hostcall.jit":  # the device's handles, above the host's
+    assert min(opened.handles) >= loops_module.DEVICE_HANDLES
+  else:
+    assert max(opened.handles) < loops_module.DEVICE_HANDLES
+
+
+@pytest.mark.parametrize("name", list(JITS))
+def test_threads_with_nested_and_vmapped_bars(name, queued):
+  # An inner bar each outer step, over vmap lanes: every inner invocation
+  # of every thread's call ends at its total with its own values.
+  out = io.StringIO()
+
+  def inner(c):
+    return progress.scan(_step, c, None, length=STEPS, file=out,
+                         desc="b")[0]
+
+  def outer(c, _):
+    return jax.vmap(inner)(c) + 1000, None
+
+  run = JITS[name](lambda x: jax.lax.scan(outer, x, None, length=3)[0])
+  jax.block_until_ready(run(jnp.zeros(2, jnp.int32)))
+  hostcall.barrier()
+  threads = [threading.Thread(target=lambda t=t: [
+      run(jnp.array([100 * t + i, 100 * t + i + 50], jnp.int32))
+      for i in range(5)]) for t in (1, 2)]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join()
+  hostcall.barrier()
+  text = out.getvalue()
+  assert "stopped" not in text
+  # 1 + 10 calls, 3 inner bars each, all closed at their total.
+  assert len(re.findall(rf"{STEPS}/{STEPS} ", text)) >= 33
+  results = [run(jnp.array([7, 8], jnp.int32))]
+  np.testing.assert_array_equal(results[0], [7 + 3 * 1050, 8 + 3 * 1050])
+
+
+def _failing_step(carry, _):
+  def host(c):
+    if c >= 45:
+      raise ValueError("boom at 45")
+    return np.asarray(c, np.int32)
+  carry = jax.pure_callback(host, jax.ShapeDtypeStruct((), jnp.int32),
+                            carry + 1)
+  progress.set_postfix(v=carry)
+  return carry, None
+
+
+@pytest.mark.parametrize("name", list(JITS))
+def test_a_bar_whose_computation_fails_is_closed_stopped_by_the_barrier(
+    name, queued):
+  # The barrier after each failed call closes its bar, stopped at a count
+  # before the failure (under hostcall.jit, that of the last tick the
+  # device queued: thinned, up to a quarter of mininterval earlier), also
+  # where the barrier itself delivered the bar's queued open.
+  out = io.StringIO()
+  run = JITS[name](lambda x: progress.scan(
+      _failing_step, x, None, length=STEPS, desc="bar", file=out)[0])
+  for call in range(3):
+    out.seek(0)
+    out.truncate()
+    with pytest.raises(Exception, match="boom at 45"):
+      jax.block_until_ready(run(jnp.int32(0)))
+    hostcall.barrier()
+    last = [r.strip() for r in re.split(r"[\r\n]", out.getvalue())
+            if r.strip().startswith("bar")][-1]
+    match = re.search(rf"(\d+)/{STEPS} \[[^\]]*stopped\]", last)
+    assert match, (call, out.getvalue())
+    count = int(match.group(1))
+    if name == "jax.jit":
+      assert count == 44 and "v=44" in last
+    else:
+      assert 0 <= count <= 44
+  # The next call's bar is its own, not an earlier failure's.
+  out = io.StringIO()
+  ok = JITS[name](lambda x: progress.scan(
+      _step, x, None, length=STEPS, desc="bar", file=out)[0])
+  assert int(ok(jnp.int32(3))) == 3 + STEPS
+  hostcall.barrier()
+  assert _finals(out.getvalue()) == [3 + STEPS]
+  assert "stopped" not in out.getvalue()
+
+
+def test_the_registry_keeps_its_own_handles_below_the_devices():
+  registry = loops_module.Invocations()
+  site = registry.site(loops_module.NoBarSpec(position=0,
+                                              interruptible=False))
+  device = jax.devices()[0]
+  registry._handles = itertools.count(loops_module.DEVICE_HANDLES - 2)
+  made = [registry.open(site, device, None) for _ in range(3)]
+  adopted = registry.open(site, device, None,
+                          handle=loops_module.DEVICE_HANDLES + 5)
+  assert made == [loops_module.DEVICE_HANDLES - 2,
+                  loops_module.DEVICE_HANDLES - 1, 1]
+  assert adopted == loops_module.DEVICE_HANDLES + 5
+
+
+def test_without_the_native_handlers_threads_keep_their_bars_apart():
+  # HOSTCALL_NATIVE=0: the handle comes from a Python callback (from the
+  # same range), the open queued from Python with it.
+  code = """
+  import io, re, threading, jax, jax.numpy as jnp, hostcall
+  from hostcall import progress
+  from hostcall._apps.loops import invocations
+
+  def step(c, _):
+    c = c + 1
+    progress.set_postfix(v=c)
+    return c, None
+
+  out = io.StringIO()
+  run = hostcall.jit(lambda x: progress.scan(step, x, None, length=50,
+                                             every=2, file=out, desc="b")[0])
+  print("results", [int(run(jnp.int32(i))) for i in range(3)])
+  threads = [threading.Thread(target=lambda t=t: [
+      run(jnp.int32(1000 * t + i)) for i in range(15)]) for t in (1, 2, 3)]
+  [t.start() for t in threads]
+  [t.join() for t in threads]
+  hostcall.barrier()
+  assert not hostcall.queue_stats()["native"]
+  finals = sorted(int(v) for v in re.findall(r"50/50 \\[[^\\]]*v=(\\d+)", out.getvalue()))
+  print("finals", finals == sorted([50, 51, 52] + [1000 * t + i + 50 for t in (1, 2, 3) for i in range(15)]))
+  print("stopped", out.getvalue().count("stopped"))
+  print("device handles", min(invocations.invocations._latest.values())
+        >= invocations.DEVICE_HANDLES)
+  """
+  proc = run_python(code, env={"HOSTCALL_NATIVE": "0"})
+  assert "results [50, 51, 52]" in proc.stdout
+  assert "finals True" in proc.stdout
+  assert "stopped 0" in proc.stdout
+  assert "device handles True" in proc.stdout
