@@ -172,6 +172,45 @@ def test_a_bar_whose_computation_fails_is_closed_stopped_by_the_barrier(
   assert "stopped" not in out.getvalue()
 
 
+@pytest.mark.parametrize("name", list(JITS))
+def test_a_failed_bar_is_closed_by_the_barrier_while_another_thread_queues(
+    name, queued):
+  # Under hostcall.jit the delivery thread is held while the failed call's
+  # open and another thread's calls pile up behind it: the barrier
+  # delivers them all and ends the failed bar (opened, by its device,
+  # before the barrier began). (Under jax.jit the open is live: a held
+  # callback would hold the device, so none is held.)
+  gate = threading.Event()
+  hold = hostcall.jit(lambda x: jax.debug.callback(
+      lambda v: gate.wait(30), x))
+  failed_out, other_out = io.StringIO(), io.StringIO()
+  failing = JITS[name](lambda x: progress.scan(
+      _failing_step, x, None, length=STEPS, desc="bar", file=failed_out)[0])
+  other = JITS[name](lambda x: progress.scan(
+      _step, x, None, length=STEPS, desc="other", file=other_out)[0])
+  jax.block_until_ready(other(jnp.int32(0)))
+  hostcall.barrier()
+  if name == "hostcall.jit":
+    hold(jnp.int32(1))
+  with pytest.raises(Exception, match="boom at 45"):
+    jax.block_until_ready(failing(jnp.int32(0)))
+  stop = threading.Event()
+  worker = threading.Thread(target=lambda: [
+      jax.block_until_ready(other(jnp.int32(i))) for i in range(100000)
+      if not stop.is_set()])
+  worker.start()
+  try:
+    gate.set()
+    hostcall.barrier()
+    renders = [r.strip() for r in re.split(r"[\r\n]", failed_out.getvalue())
+               if r.strip().startswith("bar")]
+    assert re.search(rf"\d+/{STEPS} \[[^\]]*stopped\]", renders[-1]), renders
+  finally:
+    stop.set()
+    worker.join()
+    hostcall.barrier()
+
+
 def test_the_registry_keeps_its_own_handles_below_the_devices():
   registry = loops_module.Invocations()
   site = registry.site(loops_module.NoBarSpec(position=0,

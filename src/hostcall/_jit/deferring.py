@@ -163,17 +163,17 @@ class _Queued:
   def record(self, eqn, invals) -> list:
     """Queues the call ``eqn``; returns its results: a tap's operands, or
     what a call with results answers (``Schedule.answer``): a handle its
-    device makes, queued with the call as one more operand (shaped as the
-    results) for the host to adopt."""
+    device makes, queued with the call as one more operand (with when it
+    was made) for the host to adopt."""
     params = eqn.params
     operands = [deferrable.physical(x, v.aval)
                 for x, v in zip(invals, eqn.invars)]
     outs = invals if params["kind"] == "tap" else []
     if eqn.outvars and params["kind"] != "tap":
-      answer = threaded.new_handle(params["target"].schedule.answer)
-      outs = [jnp.broadcast_to(answer, v.aval.shape).astype(v.aval.dtype)
+      made = threaded.new_handle(params["target"].schedule.answer)
+      outs = [jnp.broadcast_to(made[0], v.aval.shape).astype(v.aval.dtype)
               for v in eqn.outvars]
-      operands.append(outs[0])
+      operands.append(made)
     self.order  # noqa: B018 - binds the call before this one
     self._pending = (operands, {
         "target": params["target"], "transforms": params["transforms"],

@@ -105,10 +105,11 @@ def _pack(operands):
 
 
 def new_handle(answer: int):
-  """A handle the device makes each time it runs the call: what a queued
-  call with an ``answer`` (a bar's open, ``Schedule.answer``) answers, and
-  queues beside its operands for the host to adopt (``hostcall_new_handle``;
-  where the queue is reached from Python instead, ``answer`` itself)."""
+  """What a queued call with an ``answer`` (a bar's open,
+  ``Schedule.answer``) gets from its device each time it runs: ``int32[3]``,
+  a handle its results hold and when it was made, queued with the call for
+  the host to adopt (``enqueue.emit_new_handle``; where the device makes
+  none, ``answer``)."""
   return new_handle_p.bind(answer=answer)
 
 
@@ -165,7 +166,7 @@ def _lower_new_handle(ctx, *, answer):
 
 
 new_handle_p.def_abstract_eval(
-    lambda **_: _jax_private.ShapedArray((), np.int32))
+    lambda **_: _jax_private.ShapedArray((3,), np.int32))
 new_handle_p.def_impl(_impl)
 _jax_private.register_lowering(new_handle_p, _lower_new_handle)
 

@@ -39,24 +39,15 @@ def barrier_started() -> float | None:
   return getattr(_local, "started", None)
 
 
-def queued_before_barrier() -> int:
-  """How many calls had been queued when the barrier running its hooks in
-  this thread began (those delivered among the first this many are of
-  computations that have ended since: ``tap_queue.consumer.taken``)."""
-  return getattr(_local, "pushed", 0)
-
-
 def wait_without_raising() -> None:
   """Waits until every callback started so far has run on the host and runs
   the barrier hooks (rows flushed, orphaned bars closed); raises nothing."""
   _local.started = time.monotonic()
-  _local.pushed = tap_queue.consumer.pushed()
   try:
     _deliver_everything()
     run_hooks(_hooks)
   finally:
     _local.started = None
-    _local.pushed = 0
 
 
 def _after_jax_effects_barrier() -> None:

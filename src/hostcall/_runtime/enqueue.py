@@ -12,6 +12,7 @@ ordered tap threads JAX's token through either.
 from __future__ import annotations
 
 import itertools
+import time
 
 import jax
 import numpy as np
@@ -114,19 +115,20 @@ def emit_threaded(ctx, target: HostTarget, transforms, device_index: int,
 
 
 def emit_new_handle(ctx, answer: int):
-  """A handle the device makes for a queued call's answer (``threaded.
-  new_handle``): the native ``hostcall_new_handle``'s where ``emit_threaded``
-  queues natively, else a Python callback's from the same range; under a
-  global view of several devices, ``answer`` (the target's, which the host
-  resolves: a bar's open answers "this device's latest open of the
-  site")."""
+  """What the device makes for a queued call's answer (``threaded.
+  new_handle``): ``int32[3]``, a handle and when it was made
+  (``made_at``); the native ``hostcall_new_handle``'s where
+  ``emit_threaded`` queues natively, else a Python callback's from the same
+  range; under a global view of several devices, ``answer`` (the
+  target's, which the host resolves: a bar's open answers "this device's
+  latest open of the site") and no time."""
   consumer = tap_queue.consumer
   consumer.start()
   if emission.route(ctx, "enqueue", consumer.native) == "ffi":
     return jax.ffi.build_ffi_lowering_function(
         "hostcall_new_handle", has_side_effect=True)(ctx).results[0]
   if emission.global_view(ctx.module_context.axis_context):
-    return _jax_private.ir_constant(np.int32(answer))
+    return _jax_private.ir_constant(np.array([answer, 0, 0], np.int32))
   results, _, _ = _jax_private.emit_python_callback(
       ctx, _new_handle, None, [], [], list(ctx.avals_out),
       has_side_effect=True, returns_token=False, sharding=None)
@@ -142,7 +144,19 @@ _handles_made = itertools.count()
 def _new_handle():
   # (next() of a count is atomic under the interpreter lock.)
   made = next(_handles_made) % (0x7FFFFFFF - DEVICE_HANDLES)
-  return (np.int32(DEVICE_HANDLES + made),)
+  ns = time.monotonic_ns()
+  return (np.array([DEVICE_HANDLES + made, ns & 0xFFFFFFFF, ns >> 32],
+                   np.int64).astype(np.int32),)
+
+
+def made_at(made) -> tuple[int, float | None]:
+  """``(handle, when)`` from what ``emit_new_handle``'s call made: when in
+  ``time.monotonic()``'s seconds, None where it says no time."""
+  handle, low, high = (int(x) & 0xFFFFFFFF
+                       for x in np.asarray(made).reshape(-1)[:3])
+  ns = (high << 32) | low
+  return (handle - (1 << 32) if handle >= 1 << 31 else handle,
+          ns / 1e9 if ns else None)
 
 
 def _native_enqueue(ctx, name: str, site: call_sites.SiteRef, operands, nbytes,

@@ -237,16 +237,30 @@ ffi::Error EnqueueAfter(int64_t site, ffi::Span<const int64_t> nbytes,
 // A queued call whose answer the device makes (a progress bar's open
 // under hostcall.jit): a handle of its own for each invocation, which the
 // call queues beside its operands and the host adopts, so that invocations
-// running at once (threads calling one program) are never mixed. The
-// handles are above the host's own (enqueue.DEVICE_HANDLES) and wrap
-// after about a billion.
+// running at once (threads calling one program) are never mixed; and when
+// it was made (a barrier ends what the device opened before it, as it ends
+// a live open's). Three int32: the handle, then the nanoseconds of the
+// monotonic clock (Python's time.monotonic_ns()'s), low word first. The
+// handles are above the host's own (enqueue.DEVICE_HANDLES) and wrap after
+// about a billion.
 constexpr uint32_t kDeviceHandles = 0x40000000;
 std::atomic<uint32_t> handles_made{0};
 
-ffi::Error NewHandle(ffi::Result<ffi::BufferR0<ffi::S32>> handle) {
+ffi::Error NewHandle(ffi::Result<ffi::BufferR1<ffi::S32>> made) {
+  if (made->element_count() != 3) {
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument,
+                      "hostcall: a handle's result is three int32");
+  }
   const uint32_t n = handles_made.fetch_add(1, std::memory_order_relaxed);
-  *handle->typed_data() = static_cast<int32_t>(
-      kDeviceHandles + n % (0x7FFFFFFFu - kDeviceHandles));
+  const uint64_t ns = static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(
+          std::chrono::steady_clock::now().time_since_epoch())
+          .count());
+  int32_t* out = made->typed_data();
+  out[0] = static_cast<int32_t>(kDeviceHandles +
+                                n % (0x7FFFFFFFu - kDeviceHandles));
+  out[1] = static_cast<int32_t>(static_cast<uint32_t>(ns));
+  out[2] = static_cast<int32_t>(static_cast<uint32_t>(ns >> 32));
   return ffi::Error::Success();
 }
 
@@ -254,7 +268,7 @@ ffi::Error NewHandle(ffi::Result<ffi::BufferR0<ffi::S32>> handle) {
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     hostcall_new_handle, NewHandle,
-    ffi::Ffi::Bind().Ret<ffi::BufferR0<ffi::S32>>());
+    ffi::Ffi::Bind().Ret<ffi::BufferR1<ffi::S32>>());
 
 ffi::Error hostcall::PushTap(int64_t site, ffi::Span<const int64_t> nbytes,
                              ffi::RemainingArgs args) {

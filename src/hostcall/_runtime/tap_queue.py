@@ -110,9 +110,6 @@ class Consumer:
     self._queue = None
     self._thread: threading.Thread | None = None
     self._delivered = 0
-    #: The items taken from the queue so far, counted before they are
-    #: delivered: one delivered now was pushed among the first ``taken``.
-    self.taken = 0
     self._done = threading.Condition()
     self.capacity = DEFAULT_CAPACITY
     self.gather = DEFAULT_GATHER
@@ -217,8 +214,6 @@ class Consumer:
         logger.exception("hostcall: the asynchronous queue failed")
         time.sleep(0.01)
         continue
-      self.taken += (len(batch) if isinstance(batch, native_queue.Interleaved)
-                     else sum(map(len, batch)))
       if isinstance(batch, native_queue.Interleaved):
         if all(map(sites.joinable, batch.site_ids())):
           self._delivering_interleaved(batch, q)

@@ -26,6 +26,7 @@ from hostcall._apps.loops.waiting_operand import data_leaves, waiting_operand
 from hostcall._core import CallTarget, PostponingTarget, bind, target
 from hostcall._core.targets import Schedule
 from hostcall._core.context import delivering_asynchronously
+from hostcall._runtime import enqueue as _enqueue
 
 # Targets ---------------------------------------------------------------------
 
@@ -120,15 +121,16 @@ class _Open(_BarQuestion):
 
   def deliver(self, flat_args, context):
     total = _first(flat_args[0], -1)
-    # Queued by hostcall.jit, the handle its device made (LATEST where it
-    # made none): invocations that run at once are told apart.
-    given = _first(flat_args[1], LATEST) if len(flat_args) > 1 else LATEST
+    # Queued by hostcall.jit, the handle its device made and when (LATEST
+    # where it made none): invocations that run at once are told apart.
+    given, opened = (_enqueue.made_at(flat_args[1]) if len(flat_args) > 1
+                     else (LATEST, None))
     # A steered loop's host side hears of it from the registry, its stop
     # carried by the invocation.
     handle = _loops.invocations.open(
         self.site, context.device, None if total < 0 else total, context,
         queued=delivering_asynchronously(), stop=self.stop,
-        handle=None if given == LATEST else given)
+        handle=None if given == LATEST else given, opened=opened)
     lanes = tuple(size for _, size in reversed(context.batch_levels))
     return [np.full(lanes, handle, np.int32)]
 

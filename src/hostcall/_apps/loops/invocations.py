@@ -31,8 +31,7 @@ from typing import Any
 import numpy as np
 
 from hostcall._runtime import enqueue as _enqueue, tap_queue as _queue
-from hostcall._runtime.barriers import (add_barrier_hook, barrier_started,
-                                       queued_before_barrier)
+from hostcall._runtime.barriers import add_barrier_hook, barrier_started
 from hostcall._runtime.calls import add_abort_hook
 
 #: Seconds between two ticks that a while_loop's pace aims for (a bar
@@ -77,10 +76,8 @@ class Invocation:
     context: the open's call context (None outside one).
     peers: this process's devices that run the invocation (shard_map, pmap).
     opener: the thread that opened it (``QUEUED``: the open was queued).
-    opened: when (``time.monotonic()``).
-    taken: for a queued open, the queue's calls taken when it was
-      delivered (it was queued among the first this many:
-      ``tap_queue.consumer.taken``), else None.
+    opened: when (``time.monotonic()``): for a queued open whose device
+      made its handle, when the device made it, as for a live open.
     steps: the steps ``step`` counted (a decorated body's).
     stop: what its open carried where the loop is steered (a
       ``hostcall.control`` ``Stop``, which the engine never reads), else
@@ -88,8 +85,7 @@ class Invocation:
   """
 
   __slots__ = ("handle", "site", "spec", "device", "group", "total",
-               "context", "peers", "opener", "opened", "taken", "steps",
-               "stop")
+               "context", "peers", "opener", "opened", "steps", "stop")
 
   def __init__(self, handle, site, spec, device, group, total, context,
                peers, opener, stop=None):
@@ -97,7 +93,6 @@ class Invocation:
     self.group, self.total, self.context = group, total, context
     self.peers, self.opener, self.stop = peers, opener, stop
     self.opened = time.monotonic()
-    self.taken = _queue.consumer.taken if opener == QUEUED else None
     self.steps = 0
 
 
@@ -255,19 +250,21 @@ class Invocations:
       return self._by_site[site]
 
   def open(self, site: int, device, total: int | None, context=None,
-           queued: bool = False, stop=None, handle: int | None = None
-           ) -> int:
+           queued: bool = False, stop=None, handle: int | None = None,
+           opened: float | None = None) -> int:
     """Opens (or joins, for another device) this device's next invocation
     of the loop; returns the invocation's handle. ``queued``: the open was
     queued (``hostcall.jit``), not made by the thread that runs the loop's
     computation; ``stop``: a steered loop's (``Invocation.stop``);
-    ``handle``: the one its device made (``DEVICE_HANDLES``), if any."""
+    ``handle``: the one its device made (``DEVICE_HANDLES``), if any, and
+    ``opened`` when (``time.monotonic()``; else now)."""
     handle, invocation = self._open_here(site, device, total, context,
-                                         queued, stop, handle)
+                                         queued, stop, handle, opened)
     self._tell("on_opened", invocation)
     return handle
 
-  def _open_here(self, site, device, total, context, queued, stop, handle):
+  def _open_here(self, site, device, total, context, queued, stop, handle,
+                 opened):
     """``open``'s registration, under the lock: ``(handle, invocation)``."""
     with self._lock:
       index = self._counts[(site, device)]
@@ -281,6 +278,10 @@ class Invocations:
       invocation = Invocation(
           handle, site, self._by_site[site], device, (site, index), total,
           context, peers, QUEUED if queued else threading.get_ident(), stop)
+      if opened is not None:
+        # (A barrier ends what was opened before it: a queued open may
+        # reach the host during the barrier, after its computation failed.)
+        invocation.opened = opened
       for listener in list(self._listeners):
         listener.on_open(invocation)  # a listener that refuses fails the open
       self._open[handle] = invocation
@@ -400,12 +401,10 @@ class Invocations:
       return None if invocation is None else invocation.group
 
   def close_all(self, stopped: bool = False, thread: int | str | None = None,
-                opened_before: float | None = None,
-                queued_before: int = 0) -> None:
+                opened_before: float | None = None) -> None:
     """Ends the open invocations (those opened by ``thread``, or before
-    ``opened_before``, or whose open was among the first ``queued_before``
-    calls queued, and every ``track`` counter): their loops ended without
-    closing them."""
+    ``opened_before``, and every ``track`` counter): their loops ended
+    without closing them."""
     each = RaiseAfterAll()
     with self._lock:
       counters = set(self._steps.values())
@@ -413,8 +412,7 @@ class Invocations:
         if thread is not None and invocation.opener != thread:
           continue
         if (opened_before is not None and invocation.opened >= opened_before
-            and handle not in counters
-            and not 0 < (invocation.taken or 0) <= queued_before):
+            and handle not in counters):
           continue
         with each:
           self._end(handle, stopped=stopped,
@@ -488,10 +486,9 @@ def _computation_failed() -> None:
 
 def _after_barrier() -> None:
   # A loop whose computation failed elsewhere never closed its invocation
-  # either: every computation started before the barrier has ended, also
-  # one whose queued open the barrier itself delivered.
-  invocations.close_all(opened_before=barrier_started(),
-                        queued_before=queued_before_barrier())
+  # either: every computation started before the barrier has ended (a
+  # queued open counts from when its device made its handle).
+  invocations.close_all(opened_before=barrier_started())
 
 
 add_abort_hook(_computation_failed)
