@@ -87,10 +87,11 @@ class Schedule:
     answer: for a call with results: whether ``hostcall.jit`` may queue
       the call instead of waiting for it (the host function still gets the
       call, later), its results then holding a handle the device makes,
-      queued with the call as its last operand; where the device makes none
-      (the queue reached from Python), this value instead. None: it must be
-      waited for. A bar's open answers -1, "this device's latest
-      invocation"; the host adopts a device's handle as the invocation's.
+      queued with the call as its last operand (with when it was made);
+      where the device makes none (a global view of several devices), this
+      value instead. None: it must be waited for. A bar's open answers -1,
+      "this device's latest invocation"; the host adopts a device's handle
+      as the invocation's.
     live_without_effect: for a ``"live"`` call: whether ``hostcall.jit``,
       queueing a program's other calls on one device, may run this one
       live without a JAX effect, ordered by the value threaded through the

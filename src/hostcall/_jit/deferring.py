@@ -9,8 +9,8 @@ evaluated again with each such call rebound one of two ways:
   JAX effect, ordered by a value threaded from call to call, through
   ``lax.scan`` and ``while_loop`` carries and ``cond`` branches; a target
   that is ``queueable`` may be (a progress bar's events too), and a call
-  with results whose target has an ``answer`` gives the program
-  that value (a bar's open: "this device's latest invocation");
+  with results whose target has an ``answer`` gives the program a handle
+  its device makes, queued with it (a bar's open: the invocation's);
 * as outputs (``evaluate``, elsewhere): each call's operands become extra
   outputs of the program, packed into one flat buffer of words (read as
   bytes by the host; ``packing.py``), and a ``Plan`` (``plan.py``) says how the host replays the calls, in program
