@@ -152,11 +152,9 @@ def _new_handle():
 def made_at(made) -> tuple[int, float | None]:
   """``(handle, when)`` from what ``emit_new_handle``'s call made: when in
   ``time.monotonic()``'s seconds, None where it says no time."""
-  handle, low, high = (int(x) & 0xFFFFFFFF
-                       for x in np.asarray(made).reshape(-1)[:3])
-  ns = (high << 32) | low
-  return (handle - (1 << 32) if handle >= 1 << 31 else handle,
-          ns / 1e9 if ns else None)
+  handle, low, high = np.asarray(made).reshape(-1)[:3].tolist()
+  ns = ((high & 0xFFFFFFFF) << 32) | (low & 0xFFFFFFFF)
+  return handle, ns / 1e9 if ns else None
 
 
 def _native_enqueue(ctx, name: str, site: call_sites.SiteRef, operands, nbytes,
