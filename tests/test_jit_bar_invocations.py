@@ -97,7 +97,9 @@ def test_threads_calling_one_program_each_get_their_own_bar(name, threads,
 @pytest.mark.parametrize("name", list(JITS))
 def test_threads_with_nested_and_vmapped_bars(name, queued):
   # An inner bar each outer step, over vmap lanes: every inner invocation
-  # of every thread's call ends at its total with its own values.
+  # of every thread's call ends at its total, none stopped (under the
+  # shared LATEST, a close ended another thread's bar), and the result is
+  # the call's own.
   out = io.StringIO()
 
   def inner(c):
@@ -122,8 +124,8 @@ def test_threads_with_nested_and_vmapped_bars(name, queued):
   assert "stopped" not in text
   # 1 + 10 calls, 3 inner bars each, all closed at their total.
   assert len(re.findall(rf"{STEPS}/{STEPS} ", text)) >= 33
-  results = [run(jnp.array([7, 8], jnp.int32))]
-  np.testing.assert_array_equal(results[0], [7 + 3 * 1050, 8 + 3 * 1050])
+  np.testing.assert_array_equal(run(jnp.array([7, 8], jnp.int32)),
+                                [7 + 3 * 1050, 8 + 3 * 1050])
 
 
 def _failing_step(carry, _):
