@@ -395,10 +395,10 @@ def _thinned(site) -> float | None:
   (``tick_interval``; a loop no bar draws asks none). Only a loop without a
   ``stop_when``, which sees every tick.
 
-  The queue keys a tick by its site and its handle, which for a queued
-  open is ``LATEST`` in every invocation of the site: a tick of one
-  invocation may be dropped within the interval after the last queued
-  tick of the one before it. That drops nothing a bar shows: each
+  The queue thins a tick by its site alone (one device's), whatever its
+  invocation: a tick of one invocation may be dropped within the interval
+  after the last queued tick of the one before it, or of another thread's
+  running at once. That drops nothing a bar shows: each
   invocation's open draws its first state and its close, which carries
   the count and the values of its last step, its last; and such a tick
   comes less than the interval (a fraction of ``mininterval``) after its
