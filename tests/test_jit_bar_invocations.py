@@ -1,9 +1,11 @@
 """Which invocation a queued bar event belongs to, under ``hostcall.jit``:
 the device makes each invocation's handle (``hostcall_new_handle``), which
 its queued open carries to the host, so that threads calling one program
-at once never mix their bars; and a bar whose computation fails is closed,
+at once never mix their bars; a bar whose computation fails is closed,
 stopped, by the next barrier, also where that barrier itself delivered the
-bar's queued open. Each case runs side by side with ``jax.jit``."""
+bar's queued open; and a failure ends only the bars its own computation
+opened (the device's handle names the thread that runs it). Each case runs
+side by side with ``jax.jit``."""
 
 from __future__ import annotations
 
@@ -213,6 +215,69 @@ def test_a_failed_bar_is_closed_by_the_barrier_while_another_thread_queues(
     hostcall.barrier()
 
 
+_RAISING = {"jax": jax.pure_callback, "hostcall": hostcall.pure_callback}
+
+
+@pytest.mark.parametrize("raising", list(_RAISING))
+@pytest.mark.parametrize("name", list(JITS))
+def test_a_failing_computation_stops_its_own_bar_not_another_threads(
+    name, raising, queued):
+  # Thread B's loop waits in a host function, its bar open, when thread
+  # A's computation fails. A's bar closes stopped: at once where hostcall's
+  # host function raised (the failure ends what its thread's computation
+  # opened: under hostcall.jit the thread that made the handle), else at
+  # the barrier. B's bar goes on to its total, never stopped.
+  entered, release = threading.Event(), threading.Event()
+
+  def wait_once(c):
+    if not entered.is_set():
+      entered.set()
+      release.wait(60)
+    return np.asarray(c, np.int32)
+
+  def waiting_step(c, _):
+    c = jax.pure_callback(wait_once, jax.ShapeDtypeStruct((), jnp.int32),
+                          c + 1)
+    progress.set_postfix(v=c)
+    return c, None
+
+  def failing_step(c, _):
+    def host(c):
+      if c >= 10:
+        raise ValueError("boom at 10")
+      return np.asarray(c, np.int32)
+    c = _RAISING[raising](host, jax.ShapeDtypeStruct((), jnp.int32), c + 1)
+    progress.set_postfix(v=c)
+    return c, None
+
+  a_out, b_out = io.StringIO(), io.StringIO()
+  run_a = JITS[name](lambda x: progress.scan(
+      failing_step, x, None, length=STEPS, desc="a", file=a_out)[0])
+  run_b = JITS[name](lambda x: progress.scan(
+      waiting_step, x, None, length=STEPS, desc="b", file=b_out)[0])
+  results = []
+  worker = threading.Thread(
+      target=lambda: results.append(int(run_b(jnp.int32(1000)))))
+  worker.start()
+  try:
+    assert entered.wait(60)
+    with pytest.raises(Exception, match="boom at 10"):
+      jax.block_until_ready(run_a(jnp.int32(0)))
+    assert "stopped" not in b_out.getvalue()
+    if raising == "hostcall":
+      assert re.search(rf"\d+/{STEPS} \[[^\]]*stopped\]", a_out.getvalue())
+  finally:
+    release.set()
+    worker.join()
+  hostcall.barrier()
+  assert results == [1000 + STEPS]
+  assert _finals(b_out.getvalue()) == [1000 + STEPS]
+  assert "stopped" not in b_out.getvalue()
+  last = [r.strip() for r in re.split(r"[\r\n]", a_out.getvalue())
+          if r.strip().startswith("a")][-1]
+  assert re.search(rf"\d+/{STEPS} \[[^\]]*v=\d+, stopped\]", last), last
+
+
 def test_the_registry_keeps_its_own_handles_below_the_devices():
   registry = loops_module.Invocations()
   site = registry.site(loops_module.NoBarSpec(position=0,
@@ -240,6 +305,14 @@ def test_without_the_native_handlers_threads_keep_their_bars_apart():
     progress.set_postfix(v=c)
     return c, None
 
+  class Openers(invocations.Listener):
+    def __init__(self):
+      self.threads = set()
+    def on_open(self, invocation):
+      self.threads.add(invocation.opener)
+
+  openers = Openers()
+  invocations.invocations.listen(openers)
   out = io.StringIO()
   run = hostcall.jit(lambda x: progress.scan(step, x, None, length=50,
                                              every=2, file=out, desc="b")[0])
@@ -247,8 +320,10 @@ def test_without_the_native_handlers_threads_keep_their_bars_apart():
   threads = [threading.Thread(target=lambda t=t: [
       run(jnp.int32(1000 * t + i)) for i in range(15)]) for t in (1, 2, 3)]
   [t.start() for t in threads]
+  callers = {threading.get_ident()} | {t.ident for t in threads}
   [t.join() for t in threads]
   hostcall.barrier()
+  print("openers", openers.threads == callers)
   assert not hostcall.queue_stats()["native"]
   finals = sorted(int(v) for v in re.findall(r"50/50 \\[[^\\]]*v=(\\d+)", out.getvalue()))
   print("finals", finals == sorted([50, 51, 52] + [1000 * t + i + 50 for t in (1, 2, 3) for i in range(15)]))
@@ -261,3 +336,6 @@ def test_without_the_native_handlers_threads_keep_their_bars_apart():
   assert "finals True" in proc.stdout
   assert "stopped 0" in proc.stdout
   assert "device handles True" in proc.stdout
+  # Each open names the thread that ran its computation (a failure ends
+  # only those).
+  assert "openers True" in proc.stdout

@@ -106,9 +106,9 @@ def _pack(operands):
 
 def new_handle(answer: int):
   """What a queued call with an ``answer`` (a bar's open,
-  ``Schedule.answer``) gets from its device each time it runs: ``int32[3]``,
-  a handle its results hold and when it was made, queued with the call for
-  the host to adopt (``enqueue.emit_new_handle``; where the device makes
+  ``Schedule.answer``) gets from its device each time it runs: ``int32[5]``,
+  a handle its results hold, when and by which thread it was made, queued
+  with the call for the host to adopt (``enqueue.emit_new_handle``; where the device makes
   none, ``answer``)."""
   return new_handle_p.bind(answer=answer)
 
@@ -166,7 +166,7 @@ def _lower_new_handle(ctx, *, answer):
 
 
 new_handle_p.def_abstract_eval(
-    lambda **_: _jax_private.ShapedArray((3,), np.int32))
+    lambda **_: _jax_private.ShapedArray((5,), np.int32))
 new_handle_p.def_impl(_impl)
 _jax_private.register_lowering(new_handle_p, _lower_new_handle)
 

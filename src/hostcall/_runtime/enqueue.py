@@ -12,6 +12,7 @@ ordered tap threads JAX's token through either.
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 
 import jax
@@ -116,19 +117,19 @@ def emit_threaded(ctx, target: HostTarget, transforms, device_index: int,
 
 def emit_new_handle(ctx, answer: int):
   """What the device makes for a queued call's answer (``threaded.
-  new_handle``): ``int32[3]``, a handle and when it was made
-  (``made_at``); the native ``hostcall_new_handle``'s where
+  new_handle``): ``int32[5]``, a handle, when it was made and the thread
+  that made it, the computation's (``made_at``); the native ``hostcall_new_handle``'s where
   ``emit_threaded`` queues natively, else a Python callback's from the same
   range; under a global view of several devices, ``answer`` (the
   target's, which the host resolves: a bar's open answers "this device's
-  latest open of the site") and no time."""
+  latest open of the site"), no time and no thread."""
   consumer = tap_queue.consumer
   consumer.start()
   if emission.route(ctx, "enqueue", consumer.native) == "ffi":
     return jax.ffi.build_ffi_lowering_function(
         "hostcall_new_handle", has_side_effect=True)(ctx).results[0]
   if emission.global_view(ctx.module_context.axis_context):
-    return _jax_private.ir_constant(np.array([answer, 0, 0], np.int32))
+    return _jax_private.ir_constant(np.array([answer, 0, 0, 0, 0], np.int32))
   results, _, _ = _jax_private.emit_python_callback(
       ctx, _new_handle, None, [], [], list(ctx.avals_out),
       has_side_effect=True, returns_token=False, sharding=None)
@@ -144,17 +145,20 @@ _handles_made = itertools.count()
 def _new_handle():
   # (next() of a count is atomic under the interpreter lock.)
   made = next(_handles_made) % (0x7FFFFFFF - DEVICE_HANDLES)
-  ns = time.monotonic_ns()
-  return (np.array([DEVICE_HANDLES + made, ns & 0xFFFFFFFF, ns >> 32],
-                   np.int64).astype(np.int32),)
+  ns, thread = time.monotonic_ns(), threading.get_ident()
+  return (np.array([DEVICE_HANDLES + made, ns & 0xFFFFFFFF, ns >> 32,
+                    thread & 0xFFFFFFFF, thread >> 32],
+                   np.uint64).astype(np.uint32).view(np.int32),)
 
 
-def made_at(made) -> tuple[int, float | None]:
-  """``(handle, when)`` from what ``emit_new_handle``'s call made: when in
-  ``time.monotonic()``'s seconds, None where it says no time."""
-  handle, low, high = np.asarray(made).reshape(-1)[:3].tolist()
-  ns = ((high & 0xFFFFFFFF) << 32) | (low & 0xFFFFFFFF)
-  return handle, ns / 1e9 if ns else None
+def made_at(made) -> tuple[int, float | None, int | None]:
+  """``(handle, when, thread)`` from what ``emit_new_handle``'s call made:
+  when in ``time.monotonic()``'s seconds, the thread as ``threading.
+  get_ident()`` names it; None where it says none."""
+  handle, *words = np.asarray(made).reshape(-1)[:5].tolist()
+  ns, thread = (((high & 0xFFFFFFFF) << 32) | (low & 0xFFFFFFFF)
+                for low, high in (words[0:2], words[2:4]))
+  return handle, ns / 1e9 if ns else None, thread or None
 
 
 def _native_enqueue(ctx, name: str, site: call_sites.SiteRef, operands, nbytes,

@@ -23,6 +23,10 @@
 #include <thread>
 #include <vector>
 
+#if defined(__unix__) || defined(__APPLE__)
+#include <pthread.h>
+#endif
+
 #include "hostcall_queue.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -239,17 +243,32 @@ ffi::Error EnqueueAfter(int64_t site, ffi::Span<const int64_t> nbytes,
 // call queues beside its operands and the host adopts, so that invocations
 // running at once (threads calling one program) are never mixed; and when
 // it was made (a barrier ends what the device opened before it, as it ends
-// a live open's). Three int32: the handle, then the nanoseconds of the
-// monotonic clock (Python's time.monotonic_ns()'s), low word first. The
-// handles are above the host's own (enqueue.DEVICE_HANDLES) and wrap after
-// about a billion.
+// a live open's); and the thread that made it, which is the thread running
+// the computation (a failure of that computation, raised by a host function
+// on that thread, ends only the invocations it opened, as a live open's
+// thread tells them apart under jax.jit). Five int32: the handle, the
+// nanoseconds of the monotonic clock (Python's time.monotonic_ns()'s), then
+// the thread (pthread_self(), Python's threading.get_ident(); 0 where there
+// is none), each low word first. The handles are above the host's own
+// (enqueue.DEVICE_HANDLES) and wrap after about a billion.
 constexpr uint32_t kDeviceHandles = 0x40000000;
+
+uint64_t ThisThread() {
+#if defined(__unix__) || defined(__APPLE__)
+  // What CPython's threading.get_ident() returns on these systems.
+  // (pthread_t is an integer on Linux, a pointer on macOS.)
+  return (uint64_t)(uintptr_t)pthread_self();
+#else
+  return 0;
+#endif
+}
+
 std::atomic<uint32_t> handles_made{0};
 
 ffi::Error NewHandle(ffi::Result<ffi::BufferR1<ffi::S32>> made) {
-  if (made->element_count() != 3) {
+  if (made->element_count() != 5) {
     return ffi::Error(ffi::ErrorCode::kInvalidArgument,
-                      "hostcall: a handle's result is three int32");
+                      "hostcall: a handle's result is five int32");
   }
   const uint32_t n = handles_made.fetch_add(1, std::memory_order_relaxed);
   const uint64_t ns = static_cast<uint64_t>(
@@ -261,6 +280,9 @@ ffi::Error NewHandle(ffi::Result<ffi::BufferR1<ffi::S32>> made) {
                                 n % (0x7FFFFFFFu - kDeviceHandles));
   out[1] = static_cast<int32_t>(static_cast<uint32_t>(ns));
   out[2] = static_cast<int32_t>(static_cast<uint32_t>(ns >> 32));
+  const uint64_t thread = ThisThread();
+  out[3] = static_cast<int32_t>(static_cast<uint32_t>(thread));
+  out[4] = static_cast<int32_t>(static_cast<uint32_t>(thread >> 32));
   return ffi::Error::Success();
 }
 

@@ -121,16 +121,18 @@ class _Open(_BarQuestion):
 
   def deliver(self, flat_args, context):
     total = _first(flat_args[0], -1)
-    # Queued by hostcall.jit, the handle its device made and when (LATEST
-    # where it made none): invocations that run at once are told apart.
-    given, opened = (_enqueue.made_at(flat_args[1]) if len(flat_args) > 1
-                     else (LATEST, None))
+    # Queued by hostcall.jit, the handle its device made, when and on which
+    # thread (LATEST where it made none): invocations that run at once are
+    # told apart, and a failing computation ends only its own.
+    given, opened, thread = (_enqueue.made_at(flat_args[1])
+                             if len(flat_args) > 1 else (LATEST, None, None))
     # A steered loop's host side hears of it from the registry, its stop
     # carried by the invocation.
     handle = _loops.invocations.open(
         self.site, context.device, None if total < 0 else total, context,
         queued=delivering_asynchronously(), stop=self.stop,
-        handle=None if given == LATEST else given, opened=opened)
+        handle=None if given == LATEST else given, opened=opened,
+        thread=thread)
     lanes = tuple(size for _, size in reversed(context.batch_levels))
     return [np.full(lanes, handle, np.int32)]
 

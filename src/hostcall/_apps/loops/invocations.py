@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from hostcall._apps.loops.raise_after_all import RaiseAfterAll
 from hostcall._runtime import enqueue as _enqueue, tap_queue as _queue
 from hostcall._runtime.barriers import add_barrier_hook, barrier_started
 from hostcall._runtime.calls import add_abort_hook
@@ -42,9 +43,10 @@ TICK_INTERVAL = 0.1
 #: (``enqueue.emit_new_handle``); the registry's own are below it.
 DEVICE_HANDLES = _enqueue.DEVICE_HANDLES
 
-#: The opener of an invocation whose open was queued (``hostcall.jit``'s
-#: programs, on one device, run one at a time: once the queue is delivered,
-#: an invocation such an open left open is the failing computation's).
+#: The opener of an invocation whose open was queued without its thread
+#: (a global view of several devices, whose opens have no handle of their
+#: own): the failure of any computation ends it, as the host cannot tell
+#: which computation it was.
 QUEUED = "queued"
 
 
@@ -75,7 +77,8 @@ class Invocation:
     total: its number of steps, or None where unknown.
     context: the open's call context (None outside one).
     peers: this process's devices that run the invocation (shard_map, pmap).
-    opener: the thread that opened it (``QUEUED``: the open was queued).
+    opener: the thread that opened it, the thread running its
+      computation (``QUEUED``: a queued open that did not say).
     opened: when (``time.monotonic()``): for a queued open whose device
       made its handle, when the device made it, as for a live open.
     steps: the steps ``step`` counted (a decorated body's).
@@ -170,28 +173,6 @@ class _Group:
     return not self.open and self.ended >= self.expected
 
 
-class RaiseAfterAll:
-  """``with each:`` around each of several steps: one that raises does not
-  stop the others (a bar that fails to close must not leave the others
-  open); ``raise_first()`` once all have run."""
-
-  def __init__(self):
-    self.failure: Exception | None = None
-
-  def __enter__(self):
-    return self
-
-  def __exit__(self, kind, failure, traceback):
-    if not isinstance(failure, Exception):
-      return None  # none, or an interrupt: it goes on
-    self.failure = self.failure or failure
-    return True
-
-  def raise_first(self) -> None:
-    if self.failure is not None:
-      raise self.failure
-
-
 class Invocations:
   """Every chunked loop's invocations in this process; thread-safe (devices
   call from their own threads)."""
@@ -251,19 +232,23 @@ class Invocations:
 
   def open(self, site: int, device, total: int | None, context=None,
            queued: bool = False, stop=None, handle: int | None = None,
-           opened: float | None = None) -> int:
+           opened: float | None = None, thread: int | None = None) -> int:
     """Opens (or joins, for another device) this device's next invocation
     of the loop; returns the invocation's handle. ``queued``: the open was
     queued (``hostcall.jit``), not made by the thread that runs the loop's
     computation; ``stop``: a steered loop's (``Invocation.stop``);
-    ``handle``: the one its device made (``DEVICE_HANDLES``), if any, and
-    ``opened`` when (``time.monotonic()``; else now)."""
+    ``handle``: the one its device made (``DEVICE_HANDLES``), if any,
+    ``opened`` when (``time.monotonic()``; else now) and ``thread`` on
+    which thread (``threading.get_ident()``'s; else the caller's, or for a
+    queued open ``QUEUED``)."""
+    if thread is None:
+      thread = QUEUED if queued else threading.get_ident()
     handle, invocation = self._open_here(site, device, total, context,
-                                         queued, stop, handle, opened)
+                                         thread, stop, handle, opened)
     self._tell("on_opened", invocation)
     return handle
 
-  def _open_here(self, site, device, total, context, queued, stop, handle,
+  def _open_here(self, site, device, total, context, thread, stop, handle,
                  opened):
     """``open``'s registration, under the lock: ``(handle, invocation)``."""
     with self._lock:
@@ -277,7 +262,7 @@ class Invocations:
                if getattr(d, "process_index", 0) == process]
       invocation = Invocation(
           handle, site, self._by_site[site], device, (site, index), total,
-          context, peers, QUEUED if queued else threading.get_ident(), stop)
+          context, peers, thread, stop)
       if opened is not None:
         # (A barrier ends what was opened before it: a queued open may
         # reach the host during the barrier, after its computation failed.)
@@ -477,8 +462,8 @@ invocations = Invocations()
 
 def _computation_failed() -> None:
   # Its loops will send no more events: deliver those already queued, then
-  # end what it opened (from the thread that runs it and now fails, or
-  # through the queue).
+  # end what it opened (on the thread that runs it and now fails, live or
+  # through the queue; or through the queue not saying its thread).
   _queue.consumer.drain(timeout=5.0)
   invocations.close_all(stopped=True, thread=threading.get_ident())
   invocations.close_all(stopped=True, thread=QUEUED)

@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 from hostcall._apps.loops import invocations as _loops
+from hostcall._apps.loops.raise_after_all import RaiseAfterAll
 from hostcall._apps.progress import postfix as _postfix, tqdm_guard
 
 #: Seconds between two redraws of a bar, at most (a while_loop's pace aims
@@ -279,7 +280,7 @@ class Bars(_loops.Listener):
     # A bar still waiting for a device that never opened it (its
     # computation failed first) once every other device has ended.
     waiting = {id(bar) for bar in self._drawn.values()}
-    each = _loops.RaiseAfterAll()
+    each = RaiseAfterAll()
     for bar in list(self._bars.values()):
       if (bar.is_open and bar.opened < opened_before
           and id(bar) not in waiting):
