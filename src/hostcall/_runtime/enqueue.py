@@ -155,7 +155,7 @@ def made_at(made) -> tuple[int, float | None, int | None]:
   """``(handle, when, thread)`` from what ``emit_new_handle``'s call made:
   when in ``time.monotonic()``'s seconds, the thread as ``threading.
   get_ident()`` names it; None where it says none."""
-  handle, *words = np.asarray(made).reshape(-1)[:5].tolist()
+  handle, *words = np.asarray(made).ravel().tolist()[:5]
   ns, thread = (((high & 0xFFFFFFFF) << 32) | (low & 0xFFFFFFFF)
                 for low, high in (words[0:2], words[2:4]))
   return handle, ns / 1e9 if ns else None, thread or None

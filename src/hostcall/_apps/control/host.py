@@ -221,7 +221,8 @@ class _Controls(calls.Containment, _loops.Listener):
 
   def on_end(self, invocation, count, lanes, stopped, force) -> None:
     del count, lanes, stopped, force
-    self.close(invocation.handle)
+    if invocation.stop is not None:  # only a steered loop was opened here
+      self.close(invocation.handle)
 
   def on_release(self, group) -> None:
     self.release(group)

@@ -76,8 +76,8 @@ def _handle(value) -> int:
 def _first(value, default: int) -> int:
   """The number every lane of ``value`` holds, or ``default`` where it has
   no lane."""
-  value = np.asarray(value).reshape(-1)
-  return int(value[0]) if value.size else default
+  value = np.asarray(value)
+  return int(value.flat[0]) if value.size else default
 
 
 #: The handle a queued open gives its loop (``_Open.schedule.answer``).
@@ -120,6 +120,16 @@ class _Open(_BarQuestion):
     return _BarQuestion.schedule
 
   def deliver(self, flat_args, context):
+    handle = self._open(flat_args, context)
+    lanes = tuple(size for _, size in reversed(context.batch_levels))
+    return [np.full(lanes, handle, np.int32)]
+
+  def caller(self, context):
+    # Queued (hostcall.jit's open): no result to make, its loop holding
+    # the handle its device made.
+    return lambda *flat_args: self._open(flat_args, context)
+
+  def _open(self, flat_args, context) -> int:
     total = _first(flat_args[0], -1)
     # Queued by hostcall.jit, the handle its device made, when and on which
     # thread (LATEST where it made none): invocations that run at once are
@@ -128,13 +138,11 @@ class _Open(_BarQuestion):
                              if len(flat_args) > 1 else (LATEST, None, None))
     # A steered loop's host side hears of it from the registry, its stop
     # carried by the invocation.
-    handle = _loops.invocations.open(
+    return _loops.invocations.open(
         self.site, context.device, None if total < 0 else total, context,
         queued=delivering_asynchronously(), stop=self.stop,
         handle=None if given == LATEST else given, opened=opened,
         thread=thread)
-    lanes = tuple(size for _, size in reversed(context.batch_levels))
-    return [np.full(lanes, handle, np.int32)]
 
 
 @target
@@ -155,7 +163,7 @@ class _Close(_BarTap):
     # stop together).
     stopped = bool(reason) and bool(np.any(np.asarray(reason[0]) != 0))
     options = {} if values is None else {"values": values}
-    _loops.invocations.close(_handle(handle), context.device,
+    _loops.invocations.close(handle, context.device,
                              _loops.last_count(count),
                              _loops.lanes_of(context), stopped=stopped,
                              **options)

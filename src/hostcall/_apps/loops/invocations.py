@@ -210,11 +210,15 @@ class Invocations:
   def _tell(self, event: str, *args) -> None:
     """Calls each listener's ``event``; one that raises does not keep the
     others from it (the first failure is raised after)."""
-    each = RaiseAfterAll()
+    # (RaiseAfterAll's loop written out: every open and close comes here.)
+    failure = None
     for listener in list(self._listeners):
-      with each:
+      try:
         getattr(listener, event)(*args)
-    each.raise_first()
+      except Exception as exc:  # noqa: BLE001 - raised after the others
+        failure = failure or exc
+    if failure is not None:
+      raise failure
 
   def site(self, spec) -> int:
     """The site number of a loop; equal specs share one (and a
@@ -490,4 +494,6 @@ def lanes_of(context) -> int | None:
 def last_count(counts: np.ndarray) -> int:
   """The step count a tick reports: the furthest lane's."""
   counts = np.asarray(counts)
+  if counts.size == 1:  # (no lanes: a reduction costs more than the rest)
+    return int(counts.item())
   return int(counts.max()) if counts.size else 0

@@ -267,13 +267,14 @@ class Bars(_loops.Listener):
     # One device's loop stopped (its computation failed) stops the bar,
     # whichever device ends last.
     bar.stopped = bar.stopped or stopped
-    if force or bar.closed >= bar.devices():
+    devices = bar.devices()
+    if force or bar.closed >= devices:
       bar.show(final=True)
       stopped = bar.stopped
       total = bar.tqdm.total
       if total is not None:  # a known length tells whether it finished
         stopped = stopped or min(
-            bar.counts.get(d, 0) for d in bar.devices()) < total
+            bar.counts.get(d, 0) for d in devices) < total
       bar.finish(stopped=stopped)
 
   def on_stale(self, opened_before: float) -> None:

@@ -6,25 +6,30 @@ every later bar drawn from another thread waited forever."""
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import threading
 
 
-@contextlib.contextmanager
-def unlocked_on_failure():
-  """Around a call of tqdm's: where it raises, lets go of tqdm's lock if
-  this thread took it in the call and still holds it."""
-  import tqdm
-  locks = getattr(tqdm.tqdm.get_lock(), "locks", ())
-  held = [_held(lock) for lock in locks]
-  try:
-    yield
-  except BaseException:
-    for lock, was_held in zip(locks, held):
-      while was_held is False and _held(lock):
-        lock.release()
-    raise
+class unlocked_on_failure:  # noqa: N801 - used as a function is
+  """``with unlocked_on_failure():`` around a call of tqdm's: where it
+  raises, lets go of tqdm's lock if this thread took it in the call and
+  still holds it. (A class, not a generator: a bar enters it three times
+  a loop, on the delivery thread's path.)"""
+
+  __slots__ = ("locks", "held")
+
+  def __enter__(self):
+    import tqdm
+    self.locks = getattr(tqdm.tqdm.get_lock(), "locks", ())
+    self.held = [_held(lock) for lock in self.locks]
+    return self
+
+  def __exit__(self, kind, failure, traceback):
+    if kind is not None:
+      for lock, was_held in zip(self.locks, self.held):
+        while was_held is False and _held(lock):
+          lock.release()
+    return False
 
 
 def _held(lock) -> bool | None:
@@ -102,28 +107,32 @@ class Guarded:
     # one a tick for the rest of a long loop.
     self.failed = False
 
+  # (write and flush written out, not through one helper: tqdm calls them
+  # several times a bar, on the delivery thread's path.)
   def write(self, text):
-    return self._call("write", text)
-
-  def flush(self):
-    return self._call("flush")
-
-  def _call(self, name: str, *args):
     if self.failed:
       return None
+    write = self._stream.write  # (a stream without one: raised as it is)
     try:
-      method = getattr(self._stream, name)
-    except AttributeError:
-      if name == "flush":  # a stream without one: nothing to flush
-        return None
-      raise
-    try:
-      return method(*args)
+      return write(text)
     except Exception as exc:  # noqa: BLE001 - raised by the bar's caller
-      if _tqdm_stops_drawing_on(exc):
-        raise  # tqdm's wrapper takes it (and lets go of its lock)
-      self.failure, self.failed = exc, True
+      return self._failed(exc)
+
+  def flush(self):
+    if self.failed:
       return None
+    flush = getattr(self._stream, "flush", None)
+    if flush is None:  # a stream without one: nothing to flush
+      return None
+    try:
+      return flush()
+    except Exception as exc:  # noqa: BLE001 - raised by the bar's caller
+      return self._failed(exc)
+
+  def _failed(self, exc: Exception) -> None:
+    if _tqdm_stops_drawing_on(exc):
+      raise exc  # tqdm's wrapper takes it (and lets go of its lock)
+    self.failure, self.failed = exc, True
 
   def raise_failure(self) -> None:
     failure, self.failure = self.failure, None
