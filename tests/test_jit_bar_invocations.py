@@ -3,9 +3,10 @@ the device makes each invocation's handle (``hostcall_new_handle``), which
 its queued open carries to the host, so that threads calling one program
 at once never mix their bars; a bar whose computation fails is closed,
 stopped, by the next barrier, also where that barrier itself delivered the
-bar's queued open; and a failure ends only the bars its own computation
-opened (the device's handle names the thread that runs it). Each case runs
-side by side with ``jax.jit``."""
+bar's queued open, but not another thread's bar whose computation still
+runs; and a failure ends only the bars its own computation opened (the
+device's handle names the thread that runs it). Each case runs side by
+side with ``jax.jit``."""
 
 from __future__ import annotations
 
@@ -276,6 +277,46 @@ def test_a_failing_computation_stops_its_own_bar_not_another_threads(
   last = [r.strip() for r in re.split(r"[\r\n]", a_out.getvalue())
           if r.strip().startswith("a")][-1]
   assert re.search(rf"\d+/{STEPS} \[[^\]]*v=\d+, stopped\]", last), last
+
+
+@pytest.mark.parametrize("name", list(JITS))
+def test_a_barrier_leaves_another_threads_running_bar_open(name, queued):
+  # Thread B's loop waits in a host function when the main thread's
+  # barrier runs: the barrier ends the loops that failed computations left
+  # open, not B's, whose computation B's thread still waits for. B's bar
+  # then goes on to its total, never stopped.
+  entered, release = threading.Event(), threading.Event()
+
+  def wait_at_5(c):
+    if int(c) == 1005:
+      entered.set()
+      release.wait(60)
+    return np.asarray(c, np.int32)
+
+  def step(c, _):
+    c = jax.pure_callback(wait_at_5, jax.ShapeDtypeStruct((), jnp.int32),
+                          c + 1)
+    progress.set_postfix(v=c)
+    return c, None
+
+  out = io.StringIO()
+  run = JITS[name](lambda x: progress.scan(
+      step, x, None, length=STEPS, desc="b", file=out)[0])
+  results = []
+  worker = threading.Thread(
+      target=lambda: results.append(int(run(jnp.int32(1000)))))
+  worker.start()
+  try:
+    assert entered.wait(60)
+    hostcall.barrier()
+    assert "stopped" not in out.getvalue()
+  finally:
+    release.set()
+    worker.join()
+  hostcall.barrier()
+  assert results == [1000 + STEPS]
+  assert _finals(out.getvalue()) == [1000 + STEPS]
+  assert "stopped" not in out.getvalue()
 
 
 def test_the_registry_keeps_its_own_handles_below_the_devices():

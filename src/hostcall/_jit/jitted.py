@@ -29,6 +29,7 @@ import jax
 from hostcall import _jax_private
 from hostcall._core.checks import check_callable
 from hostcall._jit import deferrable, jax_callbacks, routes
+from hostcall._runtime import waiting_frames
 
 
 class HostcallJitWarning(UserWarning):
@@ -86,6 +87,9 @@ class Jitted:
       # under jax.disable_jit() they run as the function runs.
       return plain(*args, **kwargs)
 
+    # (A barrier in another thread leaves the loops of a computation this
+    # call still waits for running: the frame tells it.)
+    waiting_frames.add_dispatch_code(jitted.__code__)
     functools.update_wrapper(jitted, self.fun)
     jitted.lower, jitted.trace = self.lower, self.trace
     jitted.eval_shape, jitted.clear_cache = self.eval_shape, self.clear_cache

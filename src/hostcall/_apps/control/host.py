@@ -13,7 +13,7 @@ from typing import Any
 
 from hostcall._apps.loops import invocations as _loops
 from hostcall._apps.control import states as _states
-from hostcall._apps.control.interrupts import Reaper, frame_waiting_for_the_loop
+from hostcall._apps.control.interrupts import Reaper
 from hostcall._apps.control.spec import FAILED, STOP_WHEN, LoopStatus, Stop
 from hostcall._runtime import calls, errors, tap_queue
 from hostcall._runtime.barriers import add_barrier_hook, barrier_started
@@ -97,15 +97,16 @@ class _Controls(calls.Containment, _loops.Listener):
 
   # -- opening and closing -------------------------------------------------
 
-  def open(self, handle: int, stop: Stop, device=None) -> None:
+  def open(self, handle: int, stop: Stop, device=None,
+           waiter=None) -> None:
+    """``waiter``: the frame waiting for the loop's computation
+    (``Invocation.waiter``), which the reaper watches where the loop is
+    interruptible."""
     # (A handle ended before this open, by progress.close_all
     # in another thread, runs in a group of its own, released at its close.)
     group_key = _loops.invocations.group_of(handle) or (_ORPHAN, handle)
-    if stop.interruptible:
-      frame = frame_waiting_for_the_loop()
-      if frame is not None:
-        self._reaper.watch(handle, frame)
-      del frame
+    if stop.interruptible and waiter is not None:
+      self._reaper.watch(handle, waiter)
     if stop.stop_when is not None:
       # Its checks wait for the predicate to see each tick: the consumer
       # delivers ticks as they come (no gathering) while it is open.
@@ -207,7 +208,8 @@ class _Controls(calls.Containment, _loops.Listener):
 
   def on_opened(self, invocation) -> None:
     if invocation.stop is not None:  # a steered loop
-      self.open(invocation.handle, invocation.stop, invocation.device)
+      self.open(invocation.handle, invocation.stop, invocation.device,
+                invocation.waiter)
 
   def follows_every_tick(self, spec, handle) -> bool:
     del spec

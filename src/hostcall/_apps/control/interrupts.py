@@ -8,40 +8,12 @@ import sys
 import threading
 from typing import Any, Callable
 
-from hostcall import _jax_private
-from hostcall._runtime.eager import is_eager_call
+from hostcall._runtime.waiting_frames import on_stack
 
 logger = logging.getLogger("hostcall")
 
 # Seconds between two looks at the frames that run interruptible loops.
 _REAP_INTERVAL = 0.02
-
-
-def frame_waiting_for_the_loop():
-  """The frame of the calling thread that waits for the computation running
-  this host function, a loop's open (it returns when the computation ends,
-  whether it finished or failed), or None: where the runtime runs it in a
-  thread of its own, with no Python frame below the callback, or where the
-  open is a computation of its own, the loop another (outside ``jit``)."""
-  frame = sys._getframe(1)
-  while frame is not None and not _jax_private.is_callback_frame(frame):
-    frame = frame.f_back
-  while frame is not None and _jax_private.is_callback_frame(frame):
-    frame = frame.f_back
-  caller = frame
-  while caller is not None and _jax_private.is_jax_frame(caller):
-    caller = caller.f_back
-  if caller is not None and is_eager_call(caller):
-    return None
-  return frame
-
-
-def _on_stack(top, frame) -> bool:
-  while top is not None:
-    if top is frame:
-      return True
-    top = top.f_back
-  return False
 
 
 class Reaper:
@@ -79,7 +51,7 @@ class Reaper:
     stacks = sys._current_frames()
     try:
       ended = [handle for handle, (thread, frame) in watched
-               if not _on_stack(stacks.get(thread), frame)]
+               if not on_stack(stacks.get(thread), frame)]
     finally:
       del stacks  # frames of every thread: let them go now
     for handle in ended:

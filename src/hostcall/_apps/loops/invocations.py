@@ -24,16 +24,20 @@ import collections
 import dataclasses
 import itertools
 import math
+import sys
 import threading
 import time
 from typing import Any
 
 import numpy as np
 
+from hostcall._apps.loops.listener import Listener
 from hostcall._apps.loops.raise_after_all import RaiseAfterAll
 from hostcall._runtime import enqueue as _enqueue, tap_queue as _queue
 from hostcall._runtime.barriers import add_barrier_hook, barrier_started
 from hostcall._runtime.calls import add_abort_hook
+from hostcall._runtime.waiting_frames import (
+    dispatching, frame_waiting_for_the_computation, on_stack)
 
 #: Seconds between two ticks that a while_loop's pace aims for (a bar
 #: redraws at most this often anyway).
@@ -79,6 +83,8 @@ class Invocation:
     peers: this process's devices that run the invocation (shard_map, pmap).
     opener: the thread that opened it, the thread running its
       computation (``QUEUED``: a queued open that did not say).
+    waiter: for a live open, the frame waiting for its computation
+      (``waiting_frames``), else None.
     opened: when (``time.monotonic()``): for a queued open whose device
       made its handle, when the device made it, as for a live open.
     steps: the steps ``step`` counted (a decorated body's).
@@ -88,71 +94,17 @@ class Invocation:
   """
 
   __slots__ = ("handle", "site", "spec", "device", "group", "total",
-               "context", "peers", "opener", "opened", "steps", "stop")
+               "context", "peers", "opener", "waiter", "opened", "steps",
+               "stop")
 
   def __init__(self, handle, site, spec, device, group, total, context,
-               peers, opener, stop=None):
+               peers, opener, stop=None, waiter=None):
     self.handle, self.site, self.spec, self.device = handle, site, spec, device
     self.group, self.total, self.context = group, total, context
     self.peers, self.opener, self.stop = peers, opener, stop
+    self.waiter = waiter
     self.opened = time.monotonic()
     self.steps = 0
-
-
-class Listener:
-  """What follows the invocations: the one channel through which a
-  listener hears of them. The ``on_`` methods are called under the
-  registry's lock, in the order the events happen, ``on_opened``,
-  ``on_ticked`` and ``on_finish`` outside it; the default ignores each."""
-
-  def on_open(self, invocation: Invocation) -> None:
-    """A device opened ``invocation`` (raising refuses the open)."""
-
-  def on_opened(self, invocation: Invocation) -> None:
-    """After every listener's ``on_open``, once ``invocation`` is
-    registered, outside the lock (a steered loop's host side opens its
-    stop state here, from ``invocation.stop``; raising fails the open's
-    call, the invocation staying open)."""
-
-  def on_tick(self, invocation: Invocation, count: int, lanes: int | None,
-              running: int | None, values: tuple | None = None) -> None:
-    """``invocation`` has run ``count`` steps (``lanes``: its vmap lanes;
-    ``running``: those still running a while_loop; ``values``: what its
-    body set, ``((key, text or array over the lanes), ...)``, or None)."""
-
-  def on_ticked(self, handle: int, count: int, device) -> None:
-    """After every listener's ``on_tick`` of this tick of ``handle`` on
-    ``device`` (also where one raised, or the invocation has ended),
-    outside the lock: a steered loop's predicate runs here, and its check,
-    waiting for it, may answer."""
-
-  def follows_every_tick(self, spec, handle: int) -> bool:
-    """Whether the listener must see each tick of the invocation
-    ``handle`` of a site whose spec is ``spec``, not only the last of a run
-    of them that the queue hands over at once (asked also where the
-    invocation has ended)."""
-    del spec, handle
-    return False
-
-  def on_finish(self, handle: int, reason: int) -> None:
-    """A steered loop stopped on a device, for ``reason`` (its invocation
-    may have ended already: a global view's devices finish after its one
-    device closed it); raising fails the loop's computation there (a
-    failure its host side contained)."""
-
-  def on_end(self, invocation: Invocation, count: int | None,
-             lanes: int | None, stopped: bool, force: bool) -> None:
-    """``invocation`` ended on its device: by its close after ``count``
-    steps, or (``count`` None) ended without one (a counter at its total, a
-    failed computation, a barrier). ``stopped``: it stopped early;
-    ``force``: a barrier ends it, no other device will join it."""
-
-  def on_release(self, group: tuple[int, int]) -> None:
-    """Every device of the invocation ``group`` has ended (or never will)."""
-
-  def on_stale(self, opened_before: float) -> None:
-    """A barrier: every invocation opened before ``opened_before`` that no
-    device runs now (each has ended, or never will open it) is over."""
 
 
 class _Group:
@@ -245,15 +197,17 @@ class Invocations:
     ``opened`` when (``time.monotonic()``; else now) and ``thread`` on
     which thread (``threading.get_ident()``'s; else the caller's, or for a
     queued open ``QUEUED``)."""
-    if thread is None:
-      thread = QUEUED if queued else threading.get_ident()
+    waiter = None
+    if thread is None and not queued:
+      thread, waiter = threading.get_ident(), frame_waiting_for_the_computation()
     handle, invocation = self._open_here(site, device, total, context,
-                                         thread, stop, handle, opened)
+                                         thread or QUEUED, stop, handle,
+                                         opened, waiter)
     self._tell("on_opened", invocation)
     return handle
 
   def _open_here(self, site, device, total, context, thread, stop, handle,
-                 opened):
+                 opened, waiter):
     """``open``'s registration, under the lock: ``(handle, invocation)``."""
     with self._lock:
       index = self._counts[(site, device)]
@@ -266,7 +220,7 @@ class Invocations:
                if getattr(d, "process_index", 0) == process]
       invocation = Invocation(
           handle, site, self._by_site[site], device, (site, index), total,
-          context, peers, thread, stop)
+          context, peers, thread, stop, waiter)
       if opened is not None:
         # (A barrier ends what was opened before it: a queued open may
         # reach the host during the barrier, after its computation failed.)
@@ -392,17 +346,24 @@ class Invocations:
   def close_all(self, stopped: bool = False, thread: int | str | None = None,
                 opened_before: float | None = None) -> None:
     """Ends the open invocations (those opened by ``thread``, or before
-    ``opened_before``, and every ``track`` counter): their loops ended
-    without closing them."""
+    ``opened_before`` but for those whose computation another thread still
+    runs, and every ``track`` counter): their loops ended without closing
+    them."""
     each = RaiseAfterAll()
+    stacks = None
     with self._lock:
       counters = set(self._steps.values())
       for handle, invocation in list(self._open.items()):
         if thread is not None and invocation.opener != thread:
           continue
-        if (opened_before is not None and invocation.opened >= opened_before
-            and handle not in counters):
-          continue
+        if opened_before is not None and handle not in counters:
+          if invocation.opened >= opened_before:
+            continue
+          if stacks is None:
+            stacks = sys._current_frames()
+            stacks.pop(threading.get_ident(), None)
+          if _runs_elsewhere(invocation, stacks):
+            continue
         with each:
           self._end(handle, stopped=stopped,
                     force=opened_before is not None)
@@ -416,6 +377,7 @@ class Invocations:
               self._release(group)
         with each:
           self._tell("on_stale", opened_before)
+    del stacks  # every thread's frames: let them go now
     each.raise_first()
 
   def _release(self, group: tuple[int, int]) -> None:
@@ -462,6 +424,19 @@ class Invocations:
 
 
 invocations = Invocations()
+
+
+def _runs_elsewhere(invocation: Invocation, stacks: dict) -> bool:
+  """Whether another thread still waits for ``invocation``'s computation
+  (``stacks``: the other threads' top frames): a barrier in this thread
+  must not end it. (A thread that ran it and has moved on, or a queued
+  open that did not say its thread: it ended, or failed.)"""
+  top = stacks.get(invocation.opener)
+  if top is None:
+    return False
+  if invocation.waiter is not None:
+    return on_stack(top, invocation.waiter)
+  return dispatching(top)
 
 
 def _computation_failed() -> None:
