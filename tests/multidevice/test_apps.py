@@ -147,12 +147,12 @@ def test_a_device_opening_after_its_peers_closed_stops_with_them(
   closed, waited, early, closes = threading.Event(), [], set(), []
   real_open, real_close = controls.open, controls.close
 
-  def open_(handle, stop, device=None):
+  def open_(handle, stop, device=None, waiter=None):
     if device == late:
       waited.append(closed.wait(60))
     else:
       early.add(handle)
-    real_open(handle, stop, device)
+    real_open(handle, stop, device, waiter)
 
   def close(handle):
     real_close(handle)
