@@ -319,6 +319,36 @@ def test_a_barrier_leaves_another_threads_running_bar_open(name, queued):
   assert "stopped" not in out.getvalue()
 
 
+@pytest.mark.parametrize("name", list(JITS))
+def test_a_barrier_ends_the_bar_another_threads_failed_computation_left(
+    name, queued):
+  # Thread A's computation failed in a JAX callback (nothing told hostcall)
+  # and A has moved on: the main thread's barrier closes A's bar, stopped.
+  out = io.StringIO()
+  run = JITS[name](lambda x: progress.scan(
+      _failing_step, x, None, length=STEPS, desc="bar", file=out)[0])
+  failed, done = threading.Event(), threading.Event()
+
+  def worker():
+    try:
+      jax.block_until_ready(run(jnp.int32(0)))
+    except Exception:  # noqa: BLE001 - the failure this test makes
+      failed.set()
+    done.wait(60)
+
+  thread = threading.Thread(target=worker)
+  thread.start()
+  try:
+    assert failed.wait(60)
+    hostcall.barrier()
+    last = [r.strip() for r in re.split(r"[\r\n]", out.getvalue())
+            if r.strip().startswith("bar")][-1]
+    assert re.search(rf"\d+/{STEPS} \[[^\]]*stopped\]", last), last
+  finally:
+    done.set()
+    thread.join()
+
+
 def test_the_registry_keeps_its_own_handles_below_the_devices():
   registry = loops_module.Invocations()
   site = registry.site(loops_module.NoBarSpec(position=0,

@@ -957,6 +957,41 @@ def test_a_stream_or_format_that_raises_fails_its_bar_and_hangs_nothing():
           for line in lines if line.startswith("drawn")] == [True] * 3
 
 
+def test_the_guard_flushes_as_tqdm_does_where_a_stream_has_no_flush():
+  # A stream without flush: nothing to flush. One whose flush is not
+  # callable, or raises: the failure kept for hostcall to raise (tqdm's
+  # own bar raises TypeError there), and nothing drawn after it.
+  from hostcall._apps.progress import tqdm_guard
+
+  class NoFlush:
+    def __init__(self):
+      self.text = []
+
+    def write(self, text):
+      self.text.append(text)
+
+  bare = tqdm_guard.Guarded(NoFlush())
+  assert bare.flush() is None and bare.failure is None
+  bare.write("a")
+  assert bare._stream.text == ["a"]
+  for flush in (None, _raising(ValueError("flush failed"))):
+    stream = io.StringIO()
+    stream.flush = flush
+    guarded = tqdm_guard.Guarded(stream)
+    guarded.flush()
+    assert isinstance(guarded.failure, (TypeError, ValueError))
+    guarded.write("after")
+    assert stream.getvalue() == ""
+    with pytest.raises(type(guarded.failure)):
+      guarded.raise_failure()
+
+
+def _raising(failure):
+  def raise_():
+    raise failure
+  return raise_
+
+
 def test_the_guard_can_tell_whether_this_thread_holds_tqdms_locks():
   # tqdm_guard reads the standard library's private lock state: this fails
   # loudly where Python renames it (the guard would then release nothing).

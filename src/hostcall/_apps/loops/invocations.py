@@ -84,7 +84,8 @@ class Invocation:
     opener: the thread that opened it, the thread running its
       computation (``QUEUED``: a queued open that did not say).
     waiter: for a live open, the frame waiting for its computation
-      (``waiting_frames``), else None.
+      (``waiting_frames``), else None; ``waiting_at`` the instruction it
+      waited at.
     opened: when (``time.monotonic()``): for a queued open whose device
       made its handle, when the device made it, as for a live open.
     steps: the steps ``step`` counted (a decorated body's).
@@ -94,8 +95,8 @@ class Invocation:
   """
 
   __slots__ = ("handle", "site", "spec", "device", "group", "total",
-               "context", "peers", "opener", "waiter", "opened", "steps",
-               "stop")
+               "context", "peers", "opener", "waiter", "waiting_at",
+               "opened", "steps", "stop")
 
   def __init__(self, handle, site, spec, device, group, total, context,
                peers, opener, stop=None, waiter=None):
@@ -103,6 +104,7 @@ class Invocation:
     self.group, self.total, self.context = group, total, context
     self.peers, self.opener, self.stop = peers, opener, stop
     self.waiter = waiter
+    self.waiting_at = None if waiter is None else waiter.f_lasti
     self.opened = time.monotonic()
     self.steps = 0
 
@@ -434,8 +436,12 @@ def _runs_elsewhere(invocation: Invocation, stacks: dict) -> bool:
   top = stacks.get(invocation.opener)
   if top is None:
     return False
-  if invocation.waiter is not None:
-    return on_stack(top, invocation.waiter)
+  waiter = invocation.waiter
+  if waiter is not None:
+    # (Still at the call: a frame that has moved on, to another call, no
+    # longer waits for this computation.)
+    return (on_stack(top, waiter)
+            and waiter.f_lasti == invocation.waiting_at)
   return dispatching(top)
 
 

@@ -121,10 +121,11 @@ class Guarded:
   def flush(self):
     if self.failed:
       return None
-    flush = getattr(self._stream, "flush", None)
-    if flush is None:  # a stream without one: nothing to flush
-      return None
     try:
+      flush = self._stream.flush
+    except AttributeError:  # a stream without one: nothing to flush
+      return None
+    try:  # (one that is not callable fails here, as under tqdm)
       return flush()
     except Exception as exc:  # noqa: BLE001 - raised by the bar's caller
       return self._failed(exc)
