@@ -41,6 +41,12 @@ def _finals(text: str) -> list[int]:
       rf"{STEPS}/{STEPS} \[[^\]]*v=(\d+)\]", text)]
 
 
+def _last_render(text: str, desc: str) -> str:
+  """The last line the bar ``desc`` drew."""
+  return [r.strip() for r in re.split(r"[\r\n]", text)
+          if r.strip().startswith(desc)][-1]
+
+
 class _Opened(loops_module.Listener):
   """The handles of the invocations opened while it listens."""
 
@@ -158,8 +164,7 @@ def test_a_bar_whose_computation_fails_is_closed_stopped_by_the_barrier(
     with pytest.raises(Exception, match="boom at 45"):
       jax.block_until_ready(run(jnp.int32(0)))
     hostcall.barrier()
-    last = [r.strip() for r in re.split(r"[\r\n]", out.getvalue())
-            if r.strip().startswith("bar")][-1]
+    last = _last_render(out.getvalue(), "bar")
     match = re.search(rf"(\d+)/{STEPS} \[[^\]]*stopped\]", last)
     assert match, (call, out.getvalue())
     count = int(match.group(1))
@@ -207,9 +212,8 @@ def test_a_failed_bar_is_closed_by_the_barrier_while_another_thread_queues(
   try:
     gate.set()
     hostcall.barrier()
-    renders = [r.strip() for r in re.split(r"[\r\n]", failed_out.getvalue())
-               if r.strip().startswith("bar")]
-    assert re.search(rf"\d+/{STEPS} \[[^\]]*stopped\]", renders[-1]), renders
+    last = _last_render(failed_out.getvalue(), "bar")
+    assert re.search(rf"\d+/{STEPS} \[[^\]]*stopped\]", last), last
   finally:
     stop.set()
     worker.join()
@@ -274,8 +278,7 @@ def test_a_failing_computation_stops_its_own_bar_not_another_threads(
   assert results == [1000 + STEPS]
   assert _finals(b_out.getvalue()) == [1000 + STEPS]
   assert "stopped" not in b_out.getvalue()
-  last = [r.strip() for r in re.split(r"[\r\n]", a_out.getvalue())
-          if r.strip().startswith("a")][-1]
+  last = _last_render(a_out.getvalue(), "a")
   assert re.search(rf"\d+/{STEPS} \[[^\]]*v=\d+, stopped\]", last), last
 
 
@@ -341,8 +344,7 @@ def test_a_barrier_ends_the_bar_another_threads_failed_computation_left(
   try:
     assert failed.wait(60)
     hostcall.barrier()
-    last = [r.strip() for r in re.split(r"[\r\n]", out.getvalue())
-            if r.strip().startswith("bar")][-1]
+    last = _last_render(out.getvalue(), "bar")
     assert re.search(rf"\d+/{STEPS} \[[^\]]*stopped\]", last), last
   finally:
     done.set()
