@@ -213,3 +213,47 @@ def test_a_failure_and_the_devices_own_finish_are_one_or_the_other(
     assert int(finish_here(FIRST, 0)) == 0
     assert not controls.take(context, ValueError("boom"))
   assert not controls.failing
+
+
+@pytest.mark.parametrize("jit", [jax.jit, hostcall.jit],
+                         ids=["jax.jit", "hostcall.jit"])
+def test_another_threads_failure_on_the_device_is_not_contained_by_a_loop(
+    jit):
+  # Thread B's steered loop waits in a host function when thread A's own
+  # computation (no loop) fails in a hostcall host function on the same
+  # CPU device: A's call fails with A's error, as outside any loop; B's
+  # loop runs to its end, never stopped and raising nothing.
+  import threading
+
+  import jax.numpy as jnp
+  import numpy as np
+  from hostcall import control
+
+  scalar = jax.ShapeDtypeStruct((), jnp.int32)
+  entered, release = threading.Event(), threading.Event()
+
+  def wait_once(c):
+    if not entered.is_set():
+      entered.set()
+      release.wait(60)
+    return np.asarray(c, np.int32)
+
+  def boom(x):
+    raise ValueError("A's failure")
+
+  run_b = jit(lambda x: control.while_loop(
+      lambda c: c < 20, lambda c: jax.pure_callback(wait_once, scalar, c + 1),
+      x, stop_when=lambda status: False, every=1))
+  run_a = jit(lambda x: hostcall.pure_callback(boom, scalar, x))
+  results = []
+  worker = threading.Thread(target=lambda: results.append(run_b(jnp.int32(0))))
+  worker.start()
+  try:
+    assert entered.wait(60)
+    with pytest.raises(Exception, match="A's failure"):
+      jax.block_until_ready(run_a(jnp.int32(7)))
+  finally:
+    release.set()
+    worker.join()
+  hostcall.barrier()
+  assert [(int(r.value), bool(r.stopped)) for r in results] == [(20, False)]

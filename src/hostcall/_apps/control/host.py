@@ -74,6 +74,9 @@ class _Controls(calls.Containment, _loops.Listener):
     self._open: dict[int, tuple] = {}       # handle -> (group, stop, opened)
     self._group_of: dict[int, _Group] = {}  # handle -> its group, until released
     self._device_of: dict[int, Any] = {}    # open handle -> its device
+    # open handle -> the thread that opened it, the one its computation
+    # runs on (a failure on another thread is another computation's).
+    self._thread_of: dict[int, int] = {}
     # Released groups' failures not yet raised, by handle: a finish still
     # to come raises it; the next barrier reports what none raised.
     self._released_failures: collections.OrderedDict = (
@@ -123,6 +126,7 @@ class _Controls(calls.Containment, _loops.Listener):
       group.handles.add(handle)
       self._group_of[handle] = group
       self._device_of[handle] = device
+      self._thread_of[handle] = threading.get_ident()
       # A loop opened where a host function already failed (nested in the
       # failing loop's chunk) stops at its first check too.
       inherited = next((f for h, d in self._device_of.items()
@@ -150,6 +154,7 @@ class _Controls(calls.Containment, _loops.Listener):
     with self._lock:
       found = self._open.pop(handle, None)
       self._device_of.pop(handle, None)
+      self._thread_of.pop(handle, None)
       if found is None:
         return
       self.states.close(handle)
@@ -245,13 +250,18 @@ class _Controls(calls.Containment, _loops.Listener):
 
   def take(self, context, exc: BaseException) -> bool:
     device = None if context is None else context.device
+    thread = threading.get_ident()
     with self._lock:
-      # Each loop of the device that still runs stops for the failure. (A
-      # loop whose device ended it, hostcall.jit's own finish, with its
-      # close still to come, holds none: the stop states decide that and
-      # the request in one step, against that finish.)
+      # Each loop of the device that still runs stops for the failure, if
+      # the failing computation is the loop's: one that another thread
+      # runs on the same device (a CPU device runs several at once) fails
+      # as it would outside any loop. (A loop whose device ended it,
+      # hostcall.jit's own finish, with its close still to come, holds
+      # none: the stop states decide that and the request in one step,
+      # against that finish.)
       groups = {self._group_of[h] for h, d in self._device_of.items()
-                if d == device and h in self._open and h in self._group_of
+                if d == device and self._thread_of.get(h) == thread
+                and h in self._open and h in self._group_of
                 and self.states.contain(h, self._group_of[h].id)}
       if not groups:
         return False
@@ -274,6 +284,7 @@ class _Controls(calls.Containment, _loops.Listener):
         failure.raised = True
       # This device has left the loop: a failure after it is not contained.
       self._device_of.pop(handle, None)
+      self._thread_of.pop(handle, None)
       self._update_failing()
     if failure is not None:
       raise failure.exc
