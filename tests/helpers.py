@@ -90,6 +90,22 @@ def wait_for(condition, timeout=30.0):
     deadline -= 0.01
 
 
+class FirstCallWaits:
+  """A host function (``int32`` in, the same out) whose first call tells
+  ``entered`` and waits for ``release``: a computation held in its loop
+  while another thread acts."""
+
+  def __init__(self):
+    self.entered, self.release = threading.Event(), threading.Event()
+
+  def __call__(self, value):
+    import numpy as np
+    if not self.entered.is_set():
+      self.entered.set()
+      self.release.wait(60)
+    return np.asarray(value, np.int32)
+
+
 class FakeCoordinationClient:
   """The part of jax.distributed's client a gathered run uses: a key-value
   store whose blocking get waits (on a condition, never a sleep) and times

@@ -23,7 +23,7 @@ import pytest
 import hostcall
 from hostcall import progress
 from hostcall._apps.loops import invocations as loops_module
-from tests.helpers import run_python
+from tests.helpers import FirstCallWaits, run_python
 
 JITS = {"jax.jit": jax.jit, "hostcall.jit": hostcall.jit}
 STEPS = 50
@@ -232,13 +232,8 @@ def test_a_failing_computation_stops_its_own_bar_not_another_threads(
   # host function raised (the failure ends what its thread's computation
   # opened: under hostcall.jit the thread that made the handle), else at
   # the barrier. B's bar goes on to its total, never stopped.
-  entered, release = threading.Event(), threading.Event()
-
-  def wait_once(c):
-    if not entered.is_set():
-      entered.set()
-      release.wait(60)
-    return np.asarray(c, np.int32)
+  wait_once = FirstCallWaits()
+  entered, release = wait_once.entered, wait_once.release
 
   def waiting_step(c, _):
     c = jax.pure_callback(wait_once, jax.ShapeDtypeStruct((), jnp.int32),

@@ -20,6 +20,7 @@ from hostcall._apps.control import (FAILED, STOP_WHEN, Stop, host,
                                     stop_states_library as library,
                                     states)
 from hostcall._core.context import make_context
+from tests.helpers import FirstCallWaits
 
 KEY = ("site", 0)  # the invocation's (site, index)
 FIRST, LATE = 3_000_001, 3_000_002  # handles no bar uses
@@ -226,17 +227,11 @@ def test_another_threads_failure_on_the_device_is_not_contained_by_a_loop(
   import threading
 
   import jax.numpy as jnp
-  import numpy as np
   from hostcall import control
 
   scalar = jax.ShapeDtypeStruct((), jnp.int32)
-  entered, release = threading.Event(), threading.Event()
-
-  def wait_once(c):
-    if not entered.is_set():
-      entered.set()
-      release.wait(60)
-    return np.asarray(c, np.int32)
+  wait_once = FirstCallWaits()
+  entered, release = wait_once.entered, wait_once.release
 
   def boom(x):
     raise ValueError("A's failure")
