@@ -108,8 +108,8 @@ def new_handle(answer: int):
   """What a queued call with an ``answer`` (a bar's open,
   ``Schedule.answer``) gets from its device each time it runs: ``int32[5]``,
   a handle its results hold, when and by which thread it was made, queued
-  with the call for the host to adopt (``enqueue.emit_new_handle``; where the device makes
-  none, ``answer``)."""
+  with the call for the host to adopt (``enqueue.emit_new_handle``; where
+  the device makes none, ``answer``)."""
   return new_handle_p.bind(answer=answer)
 
 

@@ -118,11 +118,12 @@ def emit_threaded(ctx, target: HostTarget, transforms, device_index: int,
 def emit_new_handle(ctx, answer: int):
   """What the device makes for a queued call's answer (``threaded.
   new_handle``): ``int32[5]``, a handle, when it was made and the thread
-  that made it, the computation's (``made_at``); the native ``hostcall_new_handle``'s where
-  ``emit_threaded`` queues natively, else a Python callback's from the same
-  range; under a global view of several devices, ``answer`` (the
-  target's, which the host resolves: a bar's open answers "this device's
-  latest open of the site"), no time and no thread."""
+  that made it, the computation's (``made_at``); the native
+  ``hostcall_new_handle``'s where ``emit_threaded`` queues natively, else a
+  Python callback's from the same range; under a global view of several
+  devices, ``answer`` (the target's, which the host resolves: a bar's open
+  answers "this device's latest open of the site"), no time and no
+  thread."""
   consumer = tap_queue.consumer
   consumer.start()
   if emission.route(ctx, "enqueue", consumer.native) == "ffi":

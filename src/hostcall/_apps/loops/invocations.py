@@ -201,7 +201,8 @@ class Invocations:
     queued open ``QUEUED``)."""
     waiter = None
     if thread is None and not queued:
-      thread, waiter = threading.get_ident(), frame_waiting_for_the_computation()
+      thread = threading.get_ident()
+      waiter = frame_waiting_for_the_computation()
     handle, invocation = self._open_here(site, device, total, context,
                                          thread or QUEUED, stop, handle,
                                          opened, waiter)
