@@ -5,6 +5,7 @@ program order (``interleaved.deliver``), each failing alone."""
 
 import io
 import json
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -195,6 +196,39 @@ def test_prints_and_callbacks_keep_their_order_on_one_stream(
                    f"jc {c + 300}")]
 
 
+@pytest.mark.parametrize("printer", [hostcall.debug_print, jax.debug.print])
+def test_a_print_whose_stream_a_callback_closed_goes_to_sys_stdout(
+    queued, monkeypatch, printer):
+  # Prints go where sys.stdout was at the dispatch, until that stream is
+  # closed (here by a callback between two prints): then to sys.stdout.
+  batches = HeldConsumer(monkeypatch)
+  first, later, before_closing = io.StringIO(), io.StringIO(), []
+
+  def close_at_2(v):
+    if int(v) == 2:
+      before_closing.append(first.getvalue())
+      first.close()
+
+  @hostcall.jit
+  def program(x):
+    def body(c, _):
+      printer("p {}", c)
+      hostcall.debug_callback(close_at_2, c)
+      return c + 1, None
+    return jax.lax.scan(body, x, None, length=STEPS)[0]
+
+  def dispatched(x):
+    out = program(x)
+    sys.stdout = later  # (put back by monkeypatch)
+    return out
+
+  monkeypatch.setattr("sys.stdout", first)
+  batches.run(dispatched, jnp.int32(0))
+  assert before_closing == ["p 0\np 1\np 2\n"]
+  assert later.getvalue().splitlines() == [f"p {c}" for c in range(3, STEPS)]
+  assert batches.batches  # (one interleaved batch or a few)
+
+
 def test_jax_callbacks_see_jaxs_contexts_and_no_other_call_does(
     queued, monkeypatch):
   # JAX's contexts (its default device) are entered for jax.debug.callback
@@ -220,6 +254,85 @@ def test_jax_callbacks_see_jaxs_contexts_and_no_other_call_does(
   cpu = jax.devices("cpu")[0]
   assert seen == [call for c in range(STEPS) for call in (
       ("jax", cpu, c), ("jax", cpu, c + 1), ("hostcall", None, c))]
+
+
+@pytest.mark.parametrize("size", [1, 3, 10_000])
+def test_jax_callbacks_between_other_calls_get_arrays_they_may_keep(
+    queued, monkeypatch, size):
+  # A batch's small values are placed together before the calls (large
+  # ones at each call): each callback still gets committed CPU arrays of
+  # its own call's values, which it may keep past the batch.
+  batches, kept, seen = HeldConsumer(monkeypatch), [], []
+  placing = []
+  monkeypatch.setattr(interleaved, "_placed_first", _noting(
+      interleaved._placed_first, placing))
+
+  @hostcall.jit
+  def program(x):
+    def body(c, _):
+      jax.debug.callback(lambda a, b: kept.append((a, b)),
+                         jnp.full(size, c, jnp.float32), c * 3)
+      hostcall.debug_callback(lambda v: seen.append(int(v)), c)
+      jax.debug.callback(lambda a: kept.append((a,)), c.astype(jnp.int8))
+      return c + 1, None
+    return jax.lax.scan(body, x, None, length=STEPS)[0]
+
+  batches.run(program, jnp.int32(0))
+  assert seen == list(range(STEPS))
+  cpu = jax.devices("cpu")[0]
+  assert len(kept) == 2 * STEPS
+  for c in range(STEPS):
+    (a, b), (d,) = kept[2 * c], kept[2 * c + 1]
+    for array in (a, b, d):
+      assert isinstance(array, jax.Array) and array.committed
+      assert array.devices() == {cpu}
+    np.testing.assert_array_equal(a, np.full(size, c, np.float32))
+    assert (a.dtype, b.dtype, int(b)) == (np.float32, np.int32, 3 * c)
+    assert (d.dtype, d.shape, int(d)) == (np.int8, (), c)
+  # JAX's callbacks' values placed first where the site's are small (not
+  # 10,000 floats a call, 1.6 MB a batch); hostcall's callback has nothing
+  # to place.
+  small = interleaved._PLACED_FIRST
+  assert {(jax_s, site_bytes <= small) for jax_s, site_bytes, _ in placing
+          } == ({(True, True), (True, size < 1000), (False, True)})
+  assert all(placed == (jax_s and site_bytes <= small)
+             for jax_s, site_bytes, placed in placing)
+
+
+def _noting(placed_first, placing: list):
+  """``_placed_first`` noting, for each site, ``(whether its host function
+  places values, the site's bytes, whether they were placed first)``."""
+  def noted(call, flats, single, columns):
+    result = placed_first(call, flats, single, columns)
+    placing.append((hasattr(call, "places"),
+                    sum(c.nbytes for c in columns), result is not None))
+    return result
+  return noted
+
+
+def test_a_value_that_cannot_be_placed_first_is_placed_at_its_call():
+  placed_at_call = []
+
+  def call(value):
+    placed_at_call.append(value)
+
+  def places(value):
+    if value == 2:
+      raise ValueError("cannot place 2")
+    return ("placed", value)
+  call.places, call.with_placed = places, None
+  columns = [np.arange(4)]
+  assert interleaved._placed_first(call, [0, 1, 2, 3], True, columns) is None
+  # The other values: each placed, then the call that takes them.
+  with_placed = object()
+  call.with_placed = with_placed
+  assert interleaved._placed_first(call, [0, 1, 3], True, columns) == (
+      with_placed, [("placed", 0), ("placed", 1), ("placed", 3)])
+  call.places = lambda a, b: (a, b)
+  assert interleaved._placed_first(call, [(0, 1), (2, 3)], False,
+                                   columns) == (with_placed, [(0, 1), (2, 3)])
+  # A host function without the two parts: each call as before.
+  assert interleaved._placed_first(lambda v: v, [0], True, columns) is None
 
 
 def test_metrics_rows_between_other_calls(queued, monkeypatch, tmp_path):

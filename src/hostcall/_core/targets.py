@@ -226,8 +226,10 @@ class HostTarget(KeyedFields):
   def lines_writer(self, context: CallContext):
     """Where a run of this site's calls in ``context`` may be written at
     once (``calls.run_lines``): an object with ``lines_of(columns)`` (the
-    text of every call, or None where it cannot say) and
-    ``write_lines(text)``; None where each call must run (the default)."""
+    text of every call, or None where it cannot say),
+    ``write_lines(text)`` and optionally ``write_delivered(text)``, the
+    same on a delivery thread; None where each call must run (the
+    default)."""
     del context
     return None
 

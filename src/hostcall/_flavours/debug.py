@@ -247,6 +247,12 @@ class Printer:
     with _print_lock:
       dispatch_stdout.stream().write(text)
 
+  def write_delivered(self, text: str) -> None:
+    """``write_lines`` on a delivery thread (the caller knows it is one):
+    a print between other calls is written a call."""
+    with _print_lock:
+      dispatch_stdout.delivered_stream().write(text)
+
 
 def make_printer(fmt: str, args: tuple, kwargs: dict,
                  skip_format_check: bool = False) -> Callable[..., None]:

@@ -201,7 +201,8 @@ def debug_callback_on_cpu(callback, avals):
   another type, shape or dtype than ``avals`` says is placed by
   ``device_put`` itself), and JAX's settings swapped in and put back
   directly (``_eager_settings``), where its context managers would cost
-  several times more."""
+  several times more. The function has ``places`` and ``with_placed``,
+  the placement and the call apart."""
   if any(not isinstance(a, _core.ShapedArray)
          or jax.dtypes.issubdtype(a.dtype, jax.dtypes.extended)
          or a.dtype == jax.dtypes.float0 for a in avals):
@@ -230,9 +231,17 @@ def debug_callback_on_cpu(callback, avals):
 
   if len(placed) == 1:  # (the common call: no list a call)
     (one,) = placed
-    return lambda value: run(one(value))
-  return lambda *values: run(*[put_one(v)
-                               for put_one, v in zip(placed, values)])
+    call = lambda value: run(one(value))  # noqa: E731
+    call.places = one
+  else:
+    def places(*values):
+      return [put_one(v) for put_one, v in zip(placed, values)]
+    call = lambda *values: run(*places(*values))  # noqa: E731
+    call.places = places
+  # ``places(*values)`` then ``with_placed(*placed)`` is ``call(*values)``
+  # (see ``interleaved._Each``).
+  call.with_placed = run
+  return call
 
 
 def _flat_callback_codes(code) -> frozenset:

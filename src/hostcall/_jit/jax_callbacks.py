@@ -221,6 +221,7 @@ class _Printed:
           (tuple(range(len(eqn.invars))), {}))
       if params["in_tree"] == positional and not params["static_args"]:
         self._lines = printer
+        self.write_delivered = printer.write_delivered
     self.eager = _Eager(eqn)
     self.__name__ = "debug_print"
 

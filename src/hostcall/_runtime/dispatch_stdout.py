@@ -53,6 +53,14 @@ def stream():
   return sys.stdout
 
 
+def delivered_stream():
+  """``stream()`` on a delivery thread (the caller knows it is one)."""
+  noted_stream = NOTED[0]
+  if noted_stream is not None and not getattr(noted_stream, "closed", False):
+    return noted_stream
+  return sys.stdout
+
+
 def forget() -> None:
   """After a barrier delivered everything: the next dispatch notes again."""
   NOTED[0] = None
