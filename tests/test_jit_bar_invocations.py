@@ -183,6 +183,31 @@ def test_a_bar_whose_computation_fails_is_closed_stopped_by_the_barrier(
 
 
 @pytest.mark.parametrize("name", list(JITS))
+def test_a_failed_counter_bar_is_closed_stopped_by_the_barrier(name, queued):
+  # A while_loop's bar without a total: no count tells that it stopped
+  # short, so the barrier that ends it after its computation failed (a
+  # JAX callback raised: nothing of hostcall's saw the failure) marks it
+  # stopped, as a bar with a total shows it. A `track` counter that the
+  # barrier ends is not stopped.
+  out = io.StringIO()
+  tracked = progress.track(lambda c: c + 1, desc="tracked", file=out)
+
+  def program(x):
+    x = jax.lax.while_loop(lambda c: c < 5, tracked, x)
+    return progress.while_loop(lambda c: c < 1000,
+                               lambda c: _failing_step(c, None)[0], x,
+                               desc="bar", file=out)
+
+  run = JITS[name](program)
+  with pytest.raises(Exception, match="boom at 45"):
+    jax.block_until_ready(run(jnp.int32(0)))
+  hostcall.barrier()
+  last = _last_render(out.getvalue(), "bar")
+  assert re.search(r"\b\d+step \[[^\]]*v=\d+, stopped\]", last), last
+  assert "stopped" not in _last_render(out.getvalue(), "tracked")
+
+
+@pytest.mark.parametrize("name", list(JITS))
 def test_a_failed_bar_is_closed_by_the_barrier_while_another_thread_queues(
     name, queued):
   # Under hostcall.jit the delivery thread is held while the failed call's

@@ -351,7 +351,9 @@ class Invocations:
     """Ends the open invocations (those opened by ``thread``, or before
     ``opened_before`` but for those whose computation another thread still
     runs, and every ``track`` counter): their loops ended without closing
-    them."""
+    them. Ended by ``opened_before`` (a barrier's), a loop stopped early
+    (its computation failed), a ``track`` counter did not (its steps are
+    counted across calls until a barrier)."""
     each = RaiseAfterAll()
     stacks = None
     with self._lock:
@@ -368,7 +370,8 @@ class Invocations:
           if _runs_elsewhere(invocation, stacks):
             continue
         with each:
-          self._end(handle, stopped=stopped,
+          self._end(handle, stopped=stopped or (
+              opened_before is not None and handle not in counters),
                     force=opened_before is not None)
       if opened_before is not None:
         # An invocation still waiting for a device that never opened it
