@@ -48,8 +48,9 @@ def _first_call(jit, run, count: int) -> float:
 def _compared(b, run, count: int) -> tuple[float, float, float]:
   """(median ratio, hostcall.jit's median seconds, jax.jit's) of the first
   calls of ``count`` values, alternated."""
-  # Fewer samples of the largest: a second or so each.
-  samples = (b.repeats if count < 1000
+  # More samples of the smallest, whose few ms of noise each move a ratio
+  # by a tenth; fewer of the largest: a second or so each.
+  samples = (3 * b.repeats if count <= 100 else b.repeats if count < 1000
              else min(b.repeats, max(3, b.repeats // 2)))
   mine, theirs = [], []
   for _ in range(samples):
