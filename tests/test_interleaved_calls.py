@@ -6,6 +6,7 @@ program order (``interleaved.deliver``), each failing alone."""
 import io
 import json
 import sys
+import unittest.mock
 
 import jax
 import jax.numpy as jnp
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 
 import hostcall
+from hostcall import _jax_private
 from hostcall._core.context import call_context, make_context
 from hostcall._core.targets import PostponingTarget
 from hostcall._runtime import call_sites, errors, interleaved, native_queue
@@ -304,35 +306,77 @@ def _noting(placed_first, placing: list):
   places values, the site's bytes, whether they were placed first)``."""
   def noted(call, flats, single, columns):
     result = placed_first(call, flats, single, columns)
-    placing.append((hasattr(call, "places"),
+    placing.append((_jax_private.placement_of(call) is not None,
                     sum(c.nbytes for c in columns), result is not None))
     return result
   return noted
 
 
-def test_a_value_that_cannot_be_placed_first_is_placed_at_its_call():
-  placed_at_call = []
-
-  def call(value):
-    placed_at_call.append(value)
+def test_a_value_that_cannot_be_placed_first_is_placed_at_its_call(
+    monkeypatch):
+  calls_with = []
 
   def places(value):
     if value == 2:
       raise ValueError("cannot place 2")
     return ("placed", value)
-  call.places, call.with_placed = places, None
+
+  def call(value):
+    raise AssertionError("not called here")
+  monkeypatch.setitem(_runtime_placements(), call,
+                      (places, calls_with.append))
   columns = [np.arange(4)]
   assert interleaved._placed_first(call, [0, 1, 2, 3], True, columns) is None
   # The other values: each placed, then the call that takes them.
-  with_placed = object()
-  call.with_placed = with_placed
   assert interleaved._placed_first(call, [0, 1, 3], True, columns) == (
-      with_placed, [("placed", 0), ("placed", 1), ("placed", 3)])
-  call.places = lambda a, b: (a, b)
-  assert interleaved._placed_first(call, [(0, 1), (2, 3)], False,
-                                   columns) == (with_placed, [(0, 1), (2, 3)])
-  # A host function without the two parts: each call as before.
+      calls_with.append, [("placed", 0), ("placed", 1), ("placed", 3)])
+  # Values over the bound: each placed at its call.
+  big = [np.zeros(interleaved._PLACED_FIRST + 1, np.uint8)]
+  assert interleaved._placed_first(call, [0], True, big) is None
+  # A host function that is not jax.debug.callback's: each call as before.
   assert interleaved._placed_first(lambda v: v, [0], True, columns) is None
+
+
+def _runtime_placements() -> dict:
+  from hostcall._jax_private import runtime
+  return runtime._PLACEMENTS
+
+
+class _WithItsOwnParts:
+  """A user's callable whose attributes might be taken for hostcall's: a
+  ``places`` method, and any other name (``lines_of``) answered."""
+
+  def __init__(self):
+    self.seen = []
+
+  def __call__(self, v):
+    self.seen.append(int(v))
+
+  def places(self, v):
+    raise AssertionError("a user's method, not hostcall's")
+
+  def __getattr__(self, name):  # (as a mock's: a mock for any name)
+    return unittest.mock.Mock(name=name)
+
+
+@pytest.mark.parametrize("alone", [True, False])
+def test_a_users_callable_is_called_whatever_its_attributes(
+    queued, monkeypatch, alone):
+  # Whether its site's calls come in runs of their own or between other
+  # calls, a user's callable object is called, as under jax.jit, however
+  # its attributes are named.
+  batches, other = HeldConsumer(monkeypatch), []
+  for jit in (jax.jit, hostcall.jit):
+    user = _WithItsOwnParts()
+
+    def body(c, _):
+      hostcall.debug_callback(user, c)
+      if not alone:
+        hostcall.debug_callback(lambda v: other.append(int(v)), c)
+      return c + 1, None
+    program = jit(lambda x: jax.lax.scan(body, x, None, length=STEPS)[0])
+    batches.run(program, jnp.int32(0))
+    assert user.seen == list(range(STEPS)), jit
 
 
 def test_metrics_rows_between_other_calls(queued, monkeypatch, tmp_path):

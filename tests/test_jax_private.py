@@ -663,6 +663,32 @@ def test_debug_callback_on_cpu_does_what_jaxs_implementation_does(caplog):
   assert caplog.records[-1].getMessage() == "jax.debug.callback failed"
 
 
+def test_a_debug_callback_on_cpu_placed_apart_from_its_call():
+  # Its placement and its call apart do what the function does: each value
+  # a committed CPU array, the user's function called with them.
+  seen = []
+  avals = [_jax_private.ShapedArray((), jnp.float32),
+           _jax_private.ShapedArray((2,), jnp.int8)]
+  values = (np.float32(1.5), np.array([1, 2], np.int8))
+  call = _jax_private.debug_callback_on_cpu(
+      lambda *a: seen.append([(a_.dtype, a_._committed,
+                               np.asarray(a_).tolist()) for a_ in a]), avals)
+  places, call_with = _jax_private.placement_of(call)
+  call_with(*places(*values))
+  call(*values)
+  assert seen[0] == seen[1] == [(np.float32, True, 1.5),
+                                (np.int8, True, [1, 2])]
+  (one,) = avals[:1]
+  single = _jax_private.debug_callback_on_cpu(lambda a: seen.append(
+      float(a)), [one])
+  places, call_with = _jax_private.placement_of(single)
+  call_with(*places(np.float32(2.5)))
+  assert seen[-1] == 2.5
+  # Any other function (a user's, whatever its attributes): none.
+  assert _jax_private.placement_of(lambda v: v) is None
+  assert _jax_private.placement_of(len) is None  # (not weakly referable)
+
+
 def test_debug_callback_on_cpu_calls_one_after_another_as_jax_does(caplog):
   # Calls one after another, JAX's settings swapped in and put back by each:
   # each call sees what it sees in its own, one that fails is logged and

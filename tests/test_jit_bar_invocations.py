@@ -5,7 +5,9 @@ at once never mix their bars; a bar whose computation fails is closed,
 stopped, by the next barrier, also where that barrier itself delivered the
 bar's queued open, but not another thread's bar whose computation still
 runs; and a failure ends only the bars its own computation opened (the
-device's handle names the thread that runs it). Each case runs side by
+device's handle names the thread that runs it; a computation a host
+function ran ends none of the computation that runs that host
+function). Each case runs side by
 side with ``jax.jit``."""
 
 from __future__ import annotations
@@ -36,9 +38,10 @@ def _step(carry, _):
 
 
 def _finals(text: str) -> list[int]:
-  """The value each bar closed at its total showed."""
-  return [int(v) for v in re.findall(
-      rf"{STEPS}/{STEPS} \[[^\]]*v=(\d+)\]", text)]
+  """The values the bars closed at their totals showed, each once (a bar
+  whose last tick drew its total draws it again as tqdm closes it)."""
+  return list(dict.fromkeys(int(v) for v in re.findall(
+      rf"{STEPS}/{STEPS} \[[^\]]*v=(\d+)\]", text)))
 
 
 def _last_render(text: str, desc: str) -> str:
@@ -207,6 +210,24 @@ def test_a_failed_counter_bar_is_closed_stopped_by_the_barrier(name, queued):
   assert "stopped" not in _last_render(out.getvalue(), "tracked")
 
 
+def test_a_barrier_marks_stopped_only_what_it_knows_failed():
+  # A barrier ends a loop left open; it marks it stopped where the thread
+  # that ran its computation is one of Python's (the barrier's own, or
+  # one whose frames show it no longer waits for it), not where the
+  # runtime ran it on a thread of its own (an asynchronously dispatched
+  # program that may still be running).
+  class Opened:
+    def __init__(self, opener):
+      self.opener = opener
+
+  others = {1: None, 2: None}
+  assert loops_module._failed(Opened(threading.get_ident()), others)
+  assert loops_module._failed(Opened(threading.get_ident()), None)
+  assert loops_module._failed(Opened(2), others)
+  assert not loops_module._failed(Opened(3), others)
+  assert not loops_module._failed(Opened(loops_module.QUEUED), others)
+
+
 @pytest.mark.parametrize("name", list(JITS))
 def test_a_failed_bar_is_closed_by_the_barrier_while_another_thread_queues(
     name, queued):
@@ -243,6 +264,51 @@ def test_a_failed_bar_is_closed_by_the_barrier_while_another_thread_queues(
     stop.set()
     worker.join()
     hostcall.barrier()
+
+
+@pytest.mark.parametrize("inner_jit", list(JITS))
+@pytest.mark.parametrize("name", list(JITS))
+def test_a_host_function_whose_own_computation_fails_leaves_the_outer_bar(
+    name, inner_jit, queued):
+  # Re-entrant: a step's host function runs a computation of its own,
+  # which fails (hostcall's host function raised into it), and catches its
+  # error. That failure ends the inner computation's bar, stopped; the
+  # outer loop goes on, its bar to its total, never stopped.
+  inner_out, outer_out, caught = io.StringIO(), io.StringIO(), []
+
+  def inner_step(c, _):
+    def host(c):
+      if c >= 5:
+        raise ValueError("inner boom")
+      return np.asarray(c, np.int32)
+    return hostcall.pure_callback(
+        host, jax.ShapeDtypeStruct((), jnp.int32), c + 1), None
+
+  inner = JITS[inner_jit](lambda x: progress.scan(
+      inner_step, x, None, length=10, desc="inner", file=inner_out)[0])
+
+  def outer_host(c):
+    if int(c) == 7:
+      with pytest.raises(Exception, match="inner boom") as raised:
+        jax.block_until_ready(inner(jnp.int32(0)))
+      caught.append(raised.type)
+    return np.asarray(c, np.int32)
+
+  def outer_step(c, _):
+    c = hostcall.pure_callback(outer_host,
+                               jax.ShapeDtypeStruct((), jnp.int32), c + 1)
+    progress.set_postfix(v=c)
+    return c, None
+
+  outer = JITS[name](lambda x: progress.scan(
+      outer_step, x, None, length=STEPS, desc="outer", file=outer_out)[0])
+  assert int(outer(jnp.int32(0))) == STEPS
+  hostcall.barrier()
+  assert len(caught) == 1
+  assert _finals(outer_out.getvalue()) == [STEPS]
+  assert "stopped" not in outer_out.getvalue()
+  assert re.search(r"\d+/10 \[[^\]]*stopped\]",
+                   _last_render(inner_out.getvalue(), "inner"))
 
 
 _RAISING = {"jax": jax.pure_callback, "hostcall": hostcall.pure_callback}

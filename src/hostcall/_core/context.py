@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 from typing import Any
 
 
@@ -157,17 +158,31 @@ class calling:  # noqa: N801 - used as a context manager, like open()
   ``context``; the one before is restored after (calls nest: a host
   function may run a computation that calls the host)."""
 
-  __slots__ = ("_context", "_asynchronous", "_outer")
+  __slots__ = ("_context", "_asynchronous", "_outer", "_since")
 
   def __init__(self, context: CallContext, asynchronous: bool = False):
     self._context, self._asynchronous = context, asynchronous
 
   def __enter__(self):
     self._outer = (getattr(_current, "context", None),
-                   getattr(_current, "asynchronous", False))
-    _current.context, _current.asynchronous = (self._context,
-                                               self._asynchronous)
+                   getattr(_current, "asynchronous", False),
+                   getattr(_current, "call", None))
+    self._since = time.monotonic()
+    _current.context, _current.asynchronous, _current.call = (
+        self._context, self._asynchronous, self)
     return self._context
 
   def __exit__(self, *exc) -> None:
-    _current.context, _current.asynchronous = self._outer
+    _current.context, _current.asynchronous, _current.call = self._outer
+
+
+def enclosing_call_started() -> float | None:
+  """When (``time.monotonic()``) the host call began inside which this
+  thread runs the computation whose host function runs now: a host
+  function that ran a computation (re-entrant), or a delivery thread's
+  trip; None where the computation is not run from a host call. What this
+  thread opened before then belongs to a computation still running below
+  it."""
+  call = getattr(_current, "call", None)
+  outer = None if call is None else call._outer[2]
+  return None if outer is None else outer._since

@@ -201,7 +201,9 @@ class CallbackTarget(CallTarget):
       return None
     direct = getattr(type(self.callback), "direct_form", None)
     printer = direct(self.callback) if direct is not None else None
-    return printer if hasattr(printer, "lines_of") else None
+    # (Of the printer's type: a user's function whose attributes answer
+    # any name, a mock, is called as any other.)
+    return printer if hasattr(type(printer), "lines_of") else None
 
   def _call_once(self, flat, avals) -> list:
     args, kwargs = jax.tree_util.tree_unflatten(self.in_tree, flat)

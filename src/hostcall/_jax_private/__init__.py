@@ -73,4 +73,4 @@ from hostcall._jax_private.runtime import (wait_for_effects, on_effects_barrier,
                                            is_jax_frame, user_frame_of,
                                            loop_of_frame,
                                            is_loop_lowering_frame,
-                                           debug_callback_on_cpu)
+                                           debug_callback_on_cpu, placement_of)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import threading
+import weakref
 
 import jax
 import numpy as np
@@ -201,8 +202,8 @@ def debug_callback_on_cpu(callback, avals):
   another type, shape or dtype than ``avals`` says is placed by
   ``device_put`` itself), and JAX's settings swapped in and put back
   directly (``_eager_settings``), where its context managers would cost
-  several times more. The function has ``places`` and ``with_placed``,
-  the placement and the call apart."""
+  several times more. ``placement_of`` gives its placement and its call
+  apart."""
   if any(not isinstance(a, _core.ShapedArray)
          or jax.dtypes.issubdtype(a.dtype, jax.dtypes.extended)
          or a.dtype == jax.dtypes.float0 for a in avals):
@@ -232,16 +233,29 @@ def debug_callback_on_cpu(callback, avals):
   if len(placed) == 1:  # (the common call: no list a call)
     (one,) = placed
     call = lambda value: run(one(value))  # noqa: E731
-    call.places = one
-  else:
-    def places(*values):
-      return [put_one(v) for put_one, v in zip(placed, values)]
-    call = lambda *values: run(*places(*values))  # noqa: E731
-    call.places = places
-  # ``places(*values)`` then ``with_placed(*placed)`` is ``call(*values)``
-  # (see ``interleaved._Each``).
-  call.with_placed = run
+    _PLACEMENTS[call] = (lambda value: (one(value),)), run
+    return call
+
+  def places(*values):
+    return [put_one(v) for put_one, v in zip(placed, values)]
+  call = lambda *values: run(*places(*values))  # noqa: E731
+  _PLACEMENTS[call] = places, run
   return call
+
+
+#: Of each function ``debug_callback_on_cpu`` made: ``(places, call)``,
+#: where ``call(*places(*values))`` is the function's ``(*values)``.
+_PLACEMENTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def placement_of(function):
+  """``(places, call)`` of a function ``debug_callback_on_cpu`` made: its
+  values' placement apart from the call with them (``call(*places(*values))``
+  is ``function(*values)``); None for any other."""
+  try:
+    return _PLACEMENTS.get(function)
+  except TypeError:  # (not weakly referable, so not one of them)
+    return None
 
 
 def _flat_callback_codes(code) -> frozenset:

@@ -18,6 +18,7 @@ import itertools
 
 import numpy as np
 
+from hostcall import _jax_private
 from hostcall._core import context as _context
 from hostcall._core.context import calling
 from hostcall._core.targets import Steps
@@ -183,7 +184,7 @@ class _Each:
     flats = list(flats)
     placed = _placed_first(self.call, flats, self.single, columns)
     if placed is not None:
-      self.call, flats = placed
+      (self.call, flats), self.single = placed, False
     self.flats = iter(flats)
 
   def deliver(self, count: int) -> None:
@@ -207,17 +208,18 @@ class _Each:
 
 
 def _placed_first(call, flats: list, single: bool, columns: list):
-  """``(call, arguments)`` where ``call`` places its values before it
-  calls (``jax.debug.callback``'s ``places`` and ``with_placed``) and the
+  """``(call, arguments)`` where ``call`` is a ``jax.debug.callback``'s,
+  which places its values before it calls (``placement_of``), and the
   site's values are small: every call's values placed at once, in one
-  loop, and ``call`` the call with them. One placement after another
-  costs far less than one between other sites' calls. None where the
-  host function has no such parts, the values are large (each is then
-  placed at its call, as a run of its own places it) or a placement
-  fails (each call then fails at its own)."""
-  places = getattr(call, "places", None)
-  if places is None or sum(c.nbytes for c in columns) > _PLACED_FIRST:
+  loop, each call's a tuple, and ``call`` the call with them. One
+  placement after another costs far less than one between other sites'
+  calls. None where the host function is another, the values are large
+  (each is then placed at its call, as a run of its own places it) or a
+  placement fails (each call then fails at its own)."""
+  parts = _jax_private.placement_of(call)
+  if parts is None or sum(c.nbytes for c in columns) > _PLACED_FIRST:
     return None
+  places, call_with = parts
   try:
     if single:
       placed = list(map(places, flats))
@@ -225,7 +227,7 @@ def _placed_first(call, flats: list, single: bool, columns: list):
       placed = [places(*values) for values in flats]
   except Exception:  # noqa: BLE001 - each call fails in its own words
     return None
-  return call.with_placed, placed
+  return call_with, placed
 
 
 #: The most bytes of a site's values in a batch placed at once.

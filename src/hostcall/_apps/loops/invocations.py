@@ -33,6 +33,7 @@ import numpy as np
 
 from hostcall._apps.loops.listener import Listener
 from hostcall._apps.loops.raise_after_all import RaiseAfterAll
+from hostcall._core.context import enclosing_call_started
 from hostcall._runtime import enqueue as _enqueue, tap_queue as _queue
 from hostcall._runtime.barriers import add_barrier_hook, barrier_started
 from hostcall._runtime.calls import add_abort_hook
@@ -347,19 +348,23 @@ class Invocations:
       return None if invocation is None else invocation.group
 
   def close_all(self, stopped: bool = False, thread: int | str | None = None,
-                opened_before: float | None = None) -> None:
+                opened_before: float | None = None,
+                opened_after: float | None = None) -> None:
     """Ends the open invocations (those opened by ``thread``, or before
     ``opened_before`` but for those whose computation another thread still
     runs, and every ``track`` counter): their loops ended without closing
     them. Ended by ``opened_before`` (a barrier's), a loop stopped early
-    (its computation failed), a ``track`` counter did not (its steps are
-    counted across calls until a barrier)."""
+    where its computation failed (``_failed``); a ``track`` counter did
+    not (its steps are counted across calls until a barrier).
+    ``opened_after``: only those opened since then."""
     each = RaiseAfterAll()
     stacks = None
     with self._lock:
       counters = set(self._steps.values())
       for handle, invocation in list(self._open.items()):
         if thread is not None and invocation.opener != thread:
+          continue
+        if opened_after is not None and invocation.opened < opened_after:
           continue
         if opened_before is not None and handle not in counters:
           if invocation.opened >= opened_before:
@@ -371,7 +376,8 @@ class Invocations:
             continue
         with each:
           self._end(handle, stopped=stopped or (
-              opened_before is not None and handle not in counters),
+              opened_before is not None and handle not in counters
+              and _failed(invocation, stacks)),
                     force=opened_before is not None)
       if opened_before is not None:
         # An invocation still waiting for a device that never opened it
@@ -449,13 +455,28 @@ def _runs_elsewhere(invocation: Invocation, stacks: dict) -> bool:
   return dispatching(top)
 
 
+def _failed(invocation, stacks) -> bool:
+  """Whether a barrier that ends ``invocation`` knows its computation
+  failed: its thread (``stacks``: every other thread's frames) is one of
+  Python's and no longer runs it. A computation the runtime ran on a
+  thread of its own (an asynchronously dispatched program) may still be
+  running: its loop is ended, not marked stopped."""
+  opener = invocation.opener
+  return opener == threading.get_ident() or (stacks is not None
+                                             and opener in stacks)
+
+
 def _computation_failed() -> None:
   # Its loops will send no more events: deliver those already queued, then
   # end what it opened (on the thread that runs it and now fails, live or
-  # through the queue; or through the queue not saying its thread).
+  # through the queue; or through the queue not saying its thread). Where
+  # a host call on this thread ran it, what was opened before that call
+  # belongs to a computation still running below it.
   _queue.consumer.drain(timeout=5.0)
-  invocations.close_all(stopped=True, thread=threading.get_ident())
-  invocations.close_all(stopped=True, thread=QUEUED)
+  since = enclosing_call_started()
+  invocations.close_all(stopped=True, thread=threading.get_ident(),
+                        opened_after=since)
+  invocations.close_all(stopped=True, thread=QUEUED, opened_after=since)
 
 
 def _after_barrier() -> None:
