@@ -663,6 +663,34 @@ def test_debug_callback_on_cpu_does_what_jaxs_implementation_does(caplog):
   assert caplog.records[-1].getMessage() == "jax.debug.callback failed"
 
 
+@pytest.mark.parametrize("guard", ["disallow", "disallow_explicit"])
+def test_debug_callback_on_cpu_meets_a_transfer_guard_as_jax_does(guard):
+  # Its values are placed as JAX's device_put places them, explicitly: a
+  # guard that disallows implicit transfers lets them through, one that
+  # disallows explicit ones too stops both, in the same words.
+  from jax._src import debugging
+  avals = [_jax_private.ShapedArray((), jnp.int32)]
+  value = np.int32(3)
+  outcomes = []
+  for call in (
+      _jax_private.debug_callback_on_cpu(outcomes.append, avals),
+      lambda v: debugging.debug_callback_impl(
+          v, callback=outcomes.append, effect=None, partitioned=False)):
+    before = jax.config.jax_transfer_guard
+    jax.config.update("jax_transfer_guard", guard)
+    try:
+      call(value)
+    except Exception as exc:  # noqa: BLE001 - compared below
+      outcomes.append(str(exc).split("\n")[0])
+    finally:
+      jax.config.update("jax_transfer_guard", before)
+  ours, jaxs = outcomes
+  if guard == "disallow":
+    assert int(ours) == int(jaxs) == 3
+  else:
+    assert ours == jaxs and "Disallowed host-to-device transfer" in ours
+
+
 def test_a_debug_callback_on_cpu_placed_apart_from_its_call():
   # Its placement and its call apart do what the function does: each value
   # a committed CPU array, the user's function called with them.

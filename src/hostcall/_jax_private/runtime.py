@@ -19,6 +19,7 @@ from jax._src import dispatch as _dispatch
 from jax._src import mesh as _mesh
 from jax._src import sharding_impls as _sharding_impls
 from jax._src import xla_bridge as _xla_bridge
+from jax._src.lib import guard_lib as _guard_lib
 from jax._src.lib import xla_client as _xla_client
 from jax._src import source_info_util as _source_info_util
 from jax._src import traceback_util as _traceback_util
@@ -305,6 +306,7 @@ def _placer(cpu):
   devices = [cpu]
   batched_device_put = _xla_client.batched_device_put
   device_put = jax.device_put
+  guard_state = _guard_lib.thread_local_state
 
   def put(aval):
     shape, dtype = aval.shape, np.dtype(aval.dtype)
@@ -316,9 +318,16 @@ def _placer(cpu):
           and (value.dtype is dtype or value.dtype == dtype)):
         # (x64 allowed: the value has the program's dtype already, where
         # this thread's default would narrow a float64 traced under
-        # enable_x64.)
-        return batched_device_put(aval, sharding, [value], devices, True,
-                                  enable_x64=True)
+        # enable_x64.) An explicit transfer, as ``device_put`` marks it: a
+        # transfer guard that disallows implicit ones lets it through.
+        guard = guard_state()
+        explicit = guard.explicit_device_put
+        guard.explicit_device_put = True
+        try:
+          return batched_device_put(aval, sharding, [value], devices, True,
+                                    enable_x64=True)
+        finally:
+          guard.explicit_device_put = explicit
       return device_put(value, cpu)
     return put_one
   return put
