@@ -439,11 +439,14 @@ def test_hostcall_jit_keeps_jaxs_sync_points(jit_route, sync, names):
 
 
 def test_prints_under_hostcall_jit_go_where_stdout_was_at_the_call(jit_route):
+  # Also a jax.debug.print whose format reads JAX's arrays themselves
+  # (their repr), which JAX's own formatting writes.
   def program(jit):
     @jit
     def step(w):
       jax.debug.print("jax {}", w.sum())
       hostcall.debug_print("hostcall {}", w.sum())
+      jax.debug.print("repr {!r}", w.sum())
       return w + 1
     return step
 
@@ -460,7 +463,8 @@ def test_prints_under_hostcall_jit_go_where_stdout_was_at_the_call(jit_route):
     captured[name] = (inside.getvalue(), outside.getvalue())
   assert captured["hostcall.jit"] == captured["jax.jit"]
   inside, outside = captured["jax.jit"]
-  assert len(inside.splitlines()) == 100 and len(outside.splitlines()) == 2
+  assert len(inside.splitlines()) == 150 and len(outside.splitlines()) == 3
+  assert "repr Array(204., dtype=float32)" in outside
 
 
 def test_jax_effects_barrier_waits_for_every_deferred_call(jit_route):

@@ -160,14 +160,36 @@ class _Eager:
 def _host_function(eqn):
   """``_Eager(eqn)``, or for a debug callback its placement and call
   themselves (``debug_callback_on_cpu``'s, named as ``_Eager`` is): the
-  host calls it with no frame between."""
+  host calls it with no frame between; for a print, ``_printed_as_jax``."""
   eager = _Eager(eqn)
-  call = eager._on_cpu
+  call = (_printed_as_jax(eqn) if eqn.primitive.name == "debug_print"
+          else eager._on_cpu)
   if call is None:
     return eager
   call.__name__ = call.__qualname__ = eager.__name__
   call.__module__ = __name__
   return call
+
+
+def _printed_as_jax(eqn):
+  """The host function of a ``jax.debug.print`` whose format reads JAX's
+  arrays themselves (``{!r}``, ``{x.sharding}``): each value placed as
+  JAX's implementation places it (``debug_callback_on_cpu``), the text
+  formatted as it formats it (``debug.Printer``, given JAX's arrays) and
+  written where the program's dispatch noted ``sys.stdout``. JAX's writes
+  to ``sys.stdout`` as the call runs, which under ``hostcall.jit`` is after
+  the dispatch returned, a ``redirect_stdout`` around it ended. None where
+  JAX's own path runs: a print JAX logs, values of an extended dtype."""
+  params = eqn.params
+  needed = {"fmt", "in_tree", "static_args", "np_printoptions"}
+  if params.get("logging_record") or not needed <= set(params):
+    return None
+  printer = debug.Printer(params["fmt"],
+                          tuple(dict(params["np_printoptions"]).items()),
+                          bool(params.get("has_placeholders", True)))
+  return _jax_private.debug_callback_on_cpu(
+      _jax_private.flat_debug_callback(params, printer),
+      _physical_avals(eqn))
 
 
 #: Attributes a format field may read that NumPy's arrays answer as JAX's
