@@ -173,7 +173,7 @@ def _host_function(eqn):
 
 def _printed_as_jax(eqn):
   """The host function of a ``jax.debug.print`` whose format reads JAX's
-  arrays themselves (``{!r}``, ``{x.sharding}``): each value placed as
+  arrays themselves (``{!r}``): each value placed as
   JAX's implementation places it (``debug_callback_on_cpu``), the text
   formatted as it formats it (``debug.Printer``, given JAX's arrays) and
   written where the program's dispatch noted ``sys.stdout``. JAX's writes
