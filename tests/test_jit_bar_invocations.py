@@ -151,6 +151,12 @@ def _failing_step(carry, _):
   return carry, None
 
 
+def _failing_bar(jit, out):
+  """A program whose bar ``bar`` (drawn on ``out``) fails at its 45th step."""
+  return jit(lambda x: progress.scan(
+      _failing_step, x, None, length=STEPS, desc="bar", file=out)[0])
+
+
 @pytest.mark.parametrize("name", list(JITS))
 def test_a_bar_whose_computation_fails_is_closed_stopped_by_the_barrier(
     name, queued):
@@ -159,8 +165,7 @@ def test_a_bar_whose_computation_fails_is_closed_stopped_by_the_barrier(
   # device queued: thinned, up to a quarter of mininterval earlier), also
   # where the barrier itself delivered the bar's queued open.
   out = io.StringIO()
-  run = JITS[name](lambda x: progress.scan(
-      _failing_step, x, None, length=STEPS, desc="bar", file=out)[0])
+  run = _failing_bar(JITS[name], out)
   for call in range(3):
     out.seek(0)
     out.truncate()
@@ -240,8 +245,7 @@ def test_a_failed_bar_is_closed_by_the_barrier_while_another_thread_queues(
   hold = hostcall.jit(lambda x: jax.debug.callback(
       lambda v: gate.wait(30), x))
   failed_out, other_out = io.StringIO(), io.StringIO()
-  failing = JITS[name](lambda x: progress.scan(
-      _failing_step, x, None, length=STEPS, desc="bar", file=failed_out)[0])
+  failing = _failing_bar(JITS[name], failed_out)
   other = JITS[name](lambda x: progress.scan(
       _step, x, None, length=STEPS, desc="other", file=other_out)[0])
   jax.block_until_ready(other(jnp.int32(0)))
@@ -414,8 +418,7 @@ def test_a_barrier_ends_the_bar_another_threads_failed_computation_left(
   # Thread A's computation failed in a JAX callback (nothing told hostcall)
   # and A has moved on: the main thread's barrier closes A's bar, stopped.
   out = io.StringIO()
-  run = JITS[name](lambda x: progress.scan(
-      _failing_step, x, None, length=STEPS, desc="bar", file=out)[0])
+  run = _failing_bar(JITS[name], out)
   failed, done = threading.Event(), threading.Event()
 
   def worker():

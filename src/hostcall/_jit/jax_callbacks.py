@@ -171,6 +171,12 @@ def _host_function(eqn):
   return call
 
 
+#: The parameters of a ``debug_print`` equation that hostcall's printing
+#: reads (a release without one of them takes JAX's own path).
+_PRINT_PARAMS = frozenset({"fmt", "in_tree", "static_args",
+                           "np_printoptions"})
+
+
 def _printed_as_jax(eqn):
   """The host function of a ``jax.debug.print`` whose format reads JAX's
   arrays themselves (``{!r}``): each value placed as
@@ -181,8 +187,7 @@ def _printed_as_jax(eqn):
   the dispatch returned, a ``redirect_stdout`` around it ended. None where
   JAX's own path runs: a print JAX logs, values of an extended dtype."""
   params = eqn.params
-  needed = {"fmt", "in_tree", "static_args", "np_printoptions"}
-  if params.get("logging_record") or not needed <= set(params):
+  if params.get("logging_record") or not _PRINT_PARAMS <= set(params):
     return None
   printer = debug.Printer(params["fmt"],
                           tuple(dict(params["np_printoptions"]).items()),
@@ -265,8 +270,7 @@ class _Printed:
 
 def _printed_with_numpy(eqn) -> bool:
   params = eqn.params
-  needed = {"fmt", "in_tree", "static_args", "np_printoptions"}
-  return (eqn.primitive.name == "debug_print" and needed <= set(params)
+  return (eqn.primitive.name == "debug_print" and _PRINT_PARAMS <= set(params)
           and _formats_as_jax(params["fmt"])
           and not any(jax.dtypes.issubdtype(a.dtype, jax.dtypes.extended)
                       for a in _physical_avals(eqn)))

@@ -45,16 +45,15 @@ def stream():
   """The stream a print of the call being delivered writes to: on a
   delivery thread, ``sys.stdout`` as its program's dispatch noted it;
   elsewhere (a call the program waits for) ``sys.stdout``."""
-  noted_stream = NOTED[0]
-  if noted_stream is not None and (tap_queue.consumer.is_consumer
-                                   or deferred.is_deliverer):
-    if not getattr(noted_stream, "closed", False):
-      return noted_stream
+  if NOTED[0] is not None and (tap_queue.consumer.is_consumer
+                                or deferred.is_deliverer):
+    return delivered_stream()
   return sys.stdout
 
 
 def delivered_stream():
-  """``stream()`` on a delivery thread (the caller knows it is one)."""
+  """``stream()`` on a delivery thread (the caller knows it is one): the
+  noted stream, unless it was closed since."""
   noted_stream = NOTED[0]
   if noted_stream is not None and not getattr(noted_stream, "closed", False):
     return noted_stream
